@@ -1,0 +1,1 @@
+"""Backends: lowering terms to numpy (evaluation, gradients, generated code) and to Graphviz."""

@@ -1,0 +1,103 @@
+"""The command line: ``fdsl run | grad | rules | diagram | deps | codegen | repl``.
+
+A thin layer over the Python API (``fdsl.load``, ``Program.run``): parse arguments, call the API,
+print errors as ``file:line:col: message`` and exit 2 on bad input. A traceback here is a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+from .errors import FdslError
+
+# Elaboration recurses once per nested call of a user definition (encoder(64) nests 64 deep);
+# a big thread stack lets the depth limit in fdsl.program, not the interpreter, decide.
+_STACK_BYTES = 512 * 1024 * 1024
+_RECURSION_LIMIT = 200_000
+
+
+def _cmd_run(args) -> int:
+    from .program import load
+
+    program = load(args.file, rules=args.rules or ())
+    program.options["trace"] = args.trace
+    if args.values or args.random is not None:
+        from .backends import numpy_eval
+
+        if args.values:
+            numpy_eval.load_values(program, args.values)
+        if args.random is not None:
+            numpy_eval.random_values(program, args.random)
+    program.run(sys.stdout)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fdsl", description="Matrices of differential forms: "
+                                     "closed-form gradients of transformer weights by rewriting.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    run = sub.add_parser("run", help="run a .fd program and print what it shows")
+    run.add_argument("file")
+    run.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    run.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
+    run.add_argument("--values", metavar="FILE.npz", help="numeric values of symbols, for eval/grad")
+    run.add_argument("--random", type=int, metavar="SEED", help="random values for symbols without one")
+    run.set_defaults(func=_cmd_run)
+
+    import importlib
+
+    for module in SUBCOMMAND_MODULES:
+        importlib.import_module(module)
+    for register in _SUBCOMMANDS:
+        register(sub)
+    return parser
+
+
+_SUBCOMMANDS: list = []
+
+# Modules that add subcommands with @subcommand; imported when the parser is built.
+SUBCOMMAND_MODULES: list[str] = []
+
+
+def subcommand(register):
+    """Modules add their subcommands here: ``register(subparsers)``."""
+    _SUBCOMMANDS.append(register)
+    return register
+
+
+def _main(argv, result):
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        result.append(args.func(args))
+    except FdslError as e:
+        print(str(e), file=sys.stderr)
+        result.append(2)
+    except SystemExit as e:  # argparse: usage errors exit 2 after printing usage
+        result.append(e.code if isinstance(e.code, int) else 2)
+    except KeyboardInterrupt:
+        result.append(130)
+    except BrokenPipeError:
+        result.append(0)
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``fdsl`` command."""
+    argv = sys.argv[1:] if argv is None else argv
+    sys.setrecursionlimit(_RECURSION_LIMIT)
+    threading.stack_size(_STACK_BYTES)
+    result: list = []
+    worker = threading.Thread(target=_main, args=(argv, result))
+    worker.start()
+    worker.join()
+    code = result[0] if result else 1
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Errors a user can act on: ``file:line:col: message``, the offending line and a caret.
+
+Every error that reaches the command line is an ``FdslError``; the CLI prints it and exits 2.
+Anything else escaping is a bug in fdsl, not in the user's input.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class FdslError(Exception):
+    """An error in the user's input, with where it is when that is known."""
+
+    def __init__(self, message: str, file: Optional[str] = None, line: Optional[int] = None,
+                 col: Optional[int] = None, source: Optional[str] = None, notes=()):
+        super().__init__(message)
+        self.message = message
+        self.file = file
+        self.line = line
+        self.col = col
+        self.source = source  # the whole text the position refers to
+        self.notes = list(notes)
+
+    def located(self, file, line, col, source) -> "FdslError":
+        """Fill in a position if the error does not carry one yet."""
+        if self.line is None:
+            self.file, self.line, self.col, self.source = file, line, col, source
+        elif self.file is None:
+            self.file = file
+        return self
+
+    def where(self) -> str:
+        parts = [self.file or "<input>"]
+        if self.line is not None:
+            parts.append(str(self.line))
+            if self.col is not None:
+                parts.append(str(self.col))
+        return ":".join(parts)
+
+    def __str__(self) -> str:
+        lines = ["%s: %s" % (self.where(), self.message)]
+        if self.source is not None and self.line is not None:
+            src_lines = self.source.splitlines()
+            if 0 < self.line <= len(src_lines):
+                text = src_lines[self.line - 1].expandtabs(1)
+                lines.append("    " + text)
+                if self.col is not None:
+                    lines.append("    " + " " * (self.col - 1) + "^")
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+
+class StepLimit(FdslError):
+    """A rule set that did not reach a normal form within the step limit."""

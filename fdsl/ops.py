@@ -1,0 +1,229 @@
+"""The operator table: every stage of fdsl reads what an operator is from here.
+
+Vocabulary
+----------
+operator   a node label of the term graph: ``mul`` (matrix product, n-ary), ``add`` (sum, n-ary),
+           ``had`` (Hadamard product ``A * B``), ``t`` (transpose ``A^t``), ``d`` (the differential),
+           ``trace``, ``m`` (relu), ``a`` (row-wise softmax), ``mm``/``aa`` (their exact derivatives,
+           linear in the second argument), ``pow`` (a scalar to a rational power), ``let`` (a named
+           intermediate, ``E := ...``), and the leaves ``sym``, ``num``, ``zero``, ``eye``.
+shape      ``(rows, cols)``; each side is a dim name (``"n"``) or an int. Scalars are 1 x 1 and
+           additionally flagged ``scalar``: they commute with everything and are neutral in products.
+linear     the argument positions in which an operator is linear: a zero there makes the result zero.
+opaque     rewriting does not look inside (a ``let`` keeps its body as it was defined).
+numpy      an expression template over the argument values ``{0}``, ``{1}``, ...; the numpy backend
+           compiles it for evaluation and copies it into generated code. The core never runs it.
+
+Adding an operator is one ``Op`` entry here (or an ``operator`` line in a rule file, see
+``fdsl.rules``) plus its rules in a ``.rules`` file; no other Python changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+
+class ShapeError(Exception):
+    """Operands whose shapes do not fit. ``parts`` are the terms involved, for the message."""
+
+    def __init__(self, template: str, *parts):
+        super().__init__(template)
+        self.template = template
+        self.parts = parts
+
+    def __str__(self) -> str:
+        from .printers import text  # lazy: printers import terms, terms raise ShapeError
+
+        return self.template.format(*(p if isinstance(p, str) else text(p) for p in self.parts))
+
+
+Shape = tuple  # (rows, cols); None where unknown (a zero argument of a linear operator)
+
+
+def shape_str(shape) -> str:
+    return "(%s x %s)" % shape if shape is not None else "(any)"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operator: its arity, shape rule, algebraic properties, printing and numpy lowering."""
+
+    name: str
+    arity: Optional[int]  # None: n-ary (flat, at least two arguments)
+    shape: Callable  # (args) -> (shape, scalar); raises ShapeError
+    kind: str = "function"  # "function" prints as name(args); "struct" has its own notation
+    associative: bool = False
+    commutative: bool = False
+    linear: tuple = ()
+    opaque: bool = False
+    differential: bool = False  # marks d: forms are sorted by the symbol under it
+    numpy: Optional[str] = None
+    latex: Optional[str] = None  # LaTeX name for function-style operators
+    doc: str = ""
+    user: bool = False  # declared by a rule file rather than built in
+    params: tuple = field(default=())  # argument names, for documentation and rule files
+
+
+# ---- shape rules -------------------------------------------------------------------------------
+# Each takes the argument terms and returns (shape, is_scalar). A None shape is a wildcard: it is
+# only ever the shape of a zero standing in a linear argument.
+
+
+def _same_as_first(args):
+    a = args[0]
+    return a.shape, a.scalar
+
+
+def _all_same(opname):
+    def rule(args):
+        shape = None
+        for x in args:
+            if x.shape is None:
+                continue
+            if shape is None:
+                shape = x.shape
+            elif x.shape != shape and not (x.scalar and shape == (1, 1)):
+                raise ShapeError(
+                    "{0}: %s %s %s: shapes differ" % (shape_str(shape), opname, shape_str(x.shape)),
+                    _rebuild_for_message(opname, args),
+                )
+        return shape, all(x.scalar for x in args)
+
+    return rule
+
+
+def _rebuild_for_message(opname, args):
+    # A term cannot be built from mismatched arguments, so messages print a stand-in.
+    return _Word(args, {"+": " + ", "*": " * "}[opname])
+
+
+def _named_binary_same(name):
+    def rule(args):
+        a, b = args
+        if a.shape is not None and b.shape is not None and a.shape != b.shape:
+            raise ShapeError(
+                "%s({0}, {1}): %s and %s: arguments must have the same shape"
+                % (name, shape_str(a.shape), shape_str(b.shape)),
+                a,
+                b,
+            )
+        return (a.shape if a.shape is not None else b.shape), a.scalar and b.scalar
+
+    return rule
+
+
+def _mul_shape(args):
+    rows = cols = None
+    left = []
+    for x in args:
+        if x.scalar:
+            continue
+        if x.shape is None:  # wildcard zero: shape follows from its neighbours
+            left.append(x)
+            cols = None
+            continue
+        r, c = x.shape
+        if rows is None and not left:
+            rows = r
+        elif cols is not None and cols != r:
+            raise ShapeError(
+                "{0} {1}: %s%s: inner sizes %s and %s differ"
+                % (shape_str(_word_shape(left)), shape_str(x.shape), cols, r),
+                _Word(left),
+                x,
+            )
+        left.append(x)
+        cols = c
+    if not left:
+        return (1, 1), True
+    return (rows, cols), False
+
+
+def _word_shape(word):
+    return (word[0].shape[0] if word[0].shape else "?", word[-1].shape[1] if word[-1].shape else "?")
+
+
+class _Word(str):
+    """A run of operands, printed in messages as the expression they would make."""
+
+    def __new__(cls, factors, sep=" "):
+        from .printers import text
+
+        return super().__new__(cls, sep.join(text(f) for f in factors))
+
+
+def _transpose_shape(args):
+    (a,) = args
+    if a.shape is None:
+        return None, a.scalar
+    return (a.shape[1], a.shape[0]), a.scalar
+
+
+def _trace_shape(args):
+    (a,) = args
+    if a.shape is not None and a.shape[0] != a.shape[1]:
+        raise ShapeError("trace({0}): %s is not square" % shape_str(a.shape), a)
+    return (1, 1), True
+
+
+def _scalar_only(name):
+    def rule(args):
+        a = args[0]
+        if not a.scalar:
+            raise ShapeError("{0}: %s of a %s matrix; only scalars have powers" % (name, shape_str(a.shape)), a)
+        return (1, 1), True
+
+    return rule
+
+
+def _leaf(args):  # leaves carry their shape in their data; terms.py fills it in
+    raise AssertionError("leaf shapes are set by their constructors")
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+OPS: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    """Add an operator to the table (rule files call this through ``operator`` declarations)."""
+    OPS[op.name] = op
+    return op
+
+
+for _op in [
+    Op("sym", 0, _leaf, kind="struct", doc="a declared symbol: const, scalar, weight or dim"),
+    Op("num", 0, _leaf, kind="struct", doc="a rational number", numpy="{value}"),
+    Op("zero", 0, _leaf, kind="struct", doc="the zero matrix of a shape"),
+    Op("eye", 0, _leaf, kind="struct", doc="the identity matrix of a dim"),
+    Op("add", None, _all_same("+"), kind="struct", associative=True, commutative=True,
+       doc="sum", numpy="({args_sum})"),
+    Op("mul", None, _mul_shape, kind="struct", associative=True, doc="matrix product; scalars commute"),
+    Op("had", None, _all_same("*"), kind="struct", associative=True, commutative=True,
+       doc="Hadamard (componentwise) product A * B", numpy="({args_had})"),
+    Op("t", 1, _transpose_shape, kind="struct", linear=(0,), doc="transpose A^t", numpy="{0}.T"),
+    Op("pow", 1, _scalar_only("power"), kind="struct", doc="a scalar to a rational power",
+       numpy="({0}) ** ({exponent})"),
+    Op("d", 1, _same_as_first, linear=(0,), differential=True, latex=r"\mathrm{d}",
+       doc="the differential: a matrix of 1-forms"),
+    Op("trace", 1, _trace_shape, linear=(0,), latex=r"\operatorname{trace}", doc="trace",
+       numpy="np.trace({0}).reshape(1, 1)"),
+    Op("m", 1, _same_as_first, latex="m", doc="relu: negative entries set to zero",
+       numpy="np.maximum({0}, 0.0)"),
+    Op("a", 1, _same_as_first, latex="a", doc="row-wise softmax", numpy="_softmax({0})"),
+    Op("mm", 2, _named_binary_same("mm"), linear=(1,), latex=r"\operatorname{mm}",
+       doc="mm(A, B) = [A > 0] o B, so d(m(A)) = mm(A, d(A))", numpy="_mm({0}, {1})"),
+    Op("aa", 2, _named_binary_same("aa"), linear=(1,), latex=r"\operatorname{aa}",
+       doc="aa(A, B) = S o (B - rowsum(S o B) 1^t), S = a(A), so d(a(A)) = aa(A, d(A))",
+       numpy="_aa({0}, {1})"),
+    Op("let", 1, _same_as_first, kind="struct", opaque=True,
+       doc="a named intermediate (E := ...): prints as its name, evaluates as its body"),
+]:
+    register(_op)
+
+
+def is_function_name(name: str) -> bool:
+    """True for operators written as ``name(args)`` in the language."""
+    op = OPS.get(name)
+    return op is not None and op.kind == "function"

@@ -1,0 +1,257 @@
+"""Parse: program text to a small AST, with syntax errors a person can act on.
+
+Vocabulary
+----------
+Node   one expression of the AST: ``kind`` (name, number, string, call, add, sub, neg, mul, div,
+       hadamard, transpose, power, index), its child Nodes or payload, and where it starts.
+Stmt   one statement: a declaration (``dim``, ``const``/``scalar``/``weight``), a definition
+       (``name = e``, ``name := e``, ``f(params) = e``) or a command (``show e``, ``rules "f"``...).
+
+The grammar is ``grammar/fdsl.lark`` (LALR); the rule language's grammar is ``grammar/rules.lark``
+and shares the expression part through ``parse_expression_tree``-style reuse of this Transformer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+from typing import Optional
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from .errors import FdslError
+from .resources import grammar_path
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """An expression of the AST."""
+
+    kind: str
+    args: tuple = ()
+    value: object = None
+    line: int = 0
+    col: int = 0
+
+
+@dataclass(eq=False)
+class Stmt:
+    """A statement of the AST."""
+
+    kind: str  # dim | sym | define | command
+    line: int
+    col: int
+    name: Optional[str] = None  # definitions; the keyword of a command; the kind of a sym_decl
+    params: Optional[tuple] = None  # parameterised definitions: names (str) and literals (int)
+    named: bool = False  # := definitions
+    body: Optional[Node] = None
+    items: list = field(default_factory=list)  # declarations' items; a command's argument Nodes
+    end_line: int = 0
+
+
+# Friendly names for the grammar's terminals, used in "expected ..." messages.
+_TERMINALS = {
+    "NAME": "a name", "INT": "a number", "NUMBER": "a number", "STRING": 'a string in "quotes"',
+    "CALL": "a function call", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
+    "COMMA": "','", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
+    "CIRCUMFLEX": "'^'", "EQUAL": "'='", "COLON": "':'", "SEMICOLON": "';'", "_NL": "end of line",
+    "$END": "end of input", "KIND": "a declaration", "COMMAND": "a command", "DIM": "'dim'",
+    "X": "'x'", "T": "'t'", "__ANON_0": "':='", "ARROW": "'=>'", "VAR": "a ?variable",
+    "SEQVAR": "a ?variable...",
+}
+
+
+def describe_terminal(name: str) -> str:
+    return _TERMINALS.get(name, "'%s'" % name.lower() if name.isalpha() else name)
+
+
+def _expected(names) -> str:
+    items = sorted({describe_terminal(n) for n in names if not n.startswith("__") or n == "__ANON_0"})
+    if not items:
+        return "something else"
+    if len(items) == 1:
+        return items[0]
+    return ", ".join(items[:-1]) + " or " + items[-1]
+
+
+class _NewlinesInBrackets:
+    """Postlexer: a newline inside (...) or [...] is whitespace, so long expressions can wrap."""
+
+    always_accept = ("_NL",)
+    _open = {"LPAR", "CALL", "LSQB"}
+    _close = {"RPAR", "RSQB"}
+
+    def process(self, stream):
+        depth = 0
+        for tok in stream:
+            if tok.type in self._open:
+                depth += 1
+            elif tok.type in self._close:
+                depth = max(0, depth - 1)
+            elif tok.type == "_NL" and depth:
+                continue
+            yield tok
+
+
+@lru_cache(maxsize=None)
+def _parser(grammar: str, start: str = "start") -> Lark:
+    return Lark(grammar_path(grammar).read_text(), parser="lalr", propagate_positions=True,
+                postlex=_NewlinesInBrackets(), start=start, maybe_placeholders=False)
+
+
+def _pos(x):
+    if isinstance(x, Token):
+        return x.line, x.column
+    if isinstance(x, Node):
+        return x.line, x.col
+    return 0, 0
+
+
+@v_args(meta=True)
+class ToAst(Transformer):
+    """Parse tree to Nodes and Stmts; mostly one line per grammar alias."""
+
+    def _node(self, kind, meta, args=(), value=None):
+        return Node(kind, tuple(args), value, getattr(meta, "line", 0), getattr(meta, "column", 0))
+
+    # ---- expressions
+    def number(self, meta, children):
+        (tok,) = children
+        return self._node("number", meta, value=Fraction(str(tok)))
+
+    def name(self, meta, children):
+        return self._node("name", meta, value=str(children[0]))
+
+    def string(self, meta, children):
+        return self._node("string", meta, value=str(children[0])[1:-1])
+
+    def call(self, meta, children):
+        head, *args = children
+        return self._node("call", meta, args, str(head)[:-1])
+
+    def __default__(self, data, children, meta):
+        return self._node(str(data), meta, children)
+
+    # ---- declarations
+    def dim_item(self, meta, children):
+        return (str(children[0]), int(children[1]) if len(children) > 1 else None, meta.line, meta.column)
+
+    def indices(self, meta, children):
+        return ("indices", tuple(str(c) for c in children))
+
+    def shape(self, meta, children):
+        return ("shape", tuple(children))
+
+    def dim_ref(self, meta, children):
+        tok = children[0]
+        return int(tok) if tok.type == "INT" else str(tok)
+
+    def sym_item(self, meta, children):
+        item = {"name": str(children[0]), "indices": (), "shape": None, "value": None,
+                "line": meta.line, "col": meta.column}
+        for part in children[1:]:
+            if isinstance(part, Node):
+                item["value"] = part
+            else:
+                key, value = part
+                item[key] = value
+        return item
+
+    def dim_decl(self, meta, children):
+        return Stmt("dim", meta.line, meta.column, items=list(children), end_line=meta.end_line)
+
+    def sym_decl(self, meta, children):
+        kind, *items = children
+        return Stmt("sym", meta.line, meta.column, name=str(kind), items=items, end_line=meta.end_line)
+
+    # ---- definitions
+    def _define(self, meta, head, body, named, fn):
+        if not fn:
+            return Stmt("define", meta.line, meta.column, name=str(head), body=body, named=named,
+                        end_line=meta.end_line)
+        params = []
+        for p in head.args:
+            if p.kind == "name":
+                params.append(p.value)
+            elif p.kind == "number" and p.value.denominator == 1 and p.value >= 0:
+                params.append(int(p.value))
+            else:
+                raise FdslError("a parameter is a name or a whole number (a base case), not an expression",
+                                line=p.line, col=p.col)
+        return Stmt("define", meta.line, meta.column, name=head.value, params=tuple(params), body=body,
+                    named=named, end_line=meta.end_line)
+
+    def define(self, meta, c):
+        return self._define(meta, c[0], c[1], False, False)
+
+    def define_named(self, meta, c):
+        return self._define(meta, c[0], c[1], True, False)
+
+    def define_fn(self, meta, c):
+        return self._define(meta, c[0], c[1], False, True)
+
+    def define_fn_named(self, meta, c):
+        return self._define(meta, c[0], c[1], True, True)
+
+    # ---- commands
+    def command(self, meta, children):
+        keyword, *args = children
+        return Stmt("command", meta.line, meta.column, name=str(keyword), items=args, end_line=meta.end_line)
+
+    def bare(self, meta, children):
+        (expr,) = children
+        # show(E) is the manual's spelling of the command show E
+        if expr.kind == "call" and expr.value in _COMMANDS:
+            return Stmt("command", meta.line, meta.column, name=expr.value, items=list(expr.args),
+                        end_line=meta.end_line)
+        return Stmt("command", meta.line, meta.column, name="show", items=[expr], end_line=meta.end_line)
+
+    def start(self, meta, children):
+        return list(children)
+
+
+_COMMANDS = ("show", "rules", "values", "random", "save")
+
+
+def syntax_error(e: UnexpectedInput, text: str, filename: str) -> FdslError:
+    """A Lark error as ``file:line:col: unexpected X; expected Y`` with the line and a caret."""
+    if isinstance(e, UnexpectedToken):
+        tok = e.token
+        if tok.type == "$END":
+            what = "unexpected end of input"
+        elif tok.type == "_NL":
+            what = "unexpected end of line"
+        else:
+            what = "unexpected %r" % str(tok)
+        msg = "%s; expected %s" % (what, _expected(e.accepts or e.expected))
+        line, col = e.line, e.column
+        if tok.type == "$END":
+            lines = text.splitlines() or [""]
+            line, col = len(lines), len(lines[-1]) + 1
+    elif isinstance(e, UnexpectedCharacters):
+        msg = "unexpected character %r; expected %s" % (text[e.pos_in_stream], _expected(e.allowed or ()))
+        line, col = e.line, e.column
+    elif isinstance(e, UnexpectedEOF):
+        lines = text.splitlines() or [""]
+        msg = "unexpected end of input; expected %s" % _expected(e.expected)
+        line, col = len(lines), len(lines[-1]) + 1
+    else:  # pragma: no cover - Lark has no other kinds
+        msg, line, col = str(e), getattr(e, "line", None), getattr(e, "column", None)
+    return FdslError(msg, filename, line if line and line > 0 else None, col if col and col > 0 else None, text)
+
+
+def parse_program(text: str, filename: str = "<string>") -> list:
+    """The statements of a program, or an FdslError with file:line:col."""
+    if not text.endswith("\n"):
+        text += "\n"
+    try:
+        tree = _parser("fdsl.lark").parse(text)
+        return ToAst().transform(tree)
+    except UnexpectedInput as e:
+        raise syntax_error(e, text, filename) from None
+    except VisitError as e:
+        if isinstance(e.orig_exc, FdslError):
+            raise e.orig_exc.located(filename, e.orig_exc.line, e.orig_exc.col, text) from None
+        raise

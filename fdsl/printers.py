@@ -1,0 +1,264 @@
+"""Printers: the manual's manifestations of a term, ``show``, ``string``, ``html``, plus LaTeX.
+
+Vocabulary
+----------
+text     what ``show`` prints: compact and readable (``Q_0``, ``K_0^t``, ``dW_0``).
+string   the re-parseable form: ``parse(string(t)) == t`` in the program that declared t's symbols
+         (``Q[0]``, ``d(W[0])``, ``eye(n)``, ``zeros(n, d)``).
+latex    for papers and Jupyter (``Term._repr_latex_``).
+html     for the browser, in the manual's style (subscripts, superscripts).
+prec     binding strength of a printed node: sums bind loosest, then Hadamard products, then
+         products, then postfix operators (``^t``, powers), then atoms. A child that binds more
+         loosely than its position needs is parenthesised.
+
+Every printer is one ``Style`` (how each construct is spelled) run by one driver that visits each
+distinct node of the shared term graph once, children first, without recursion.
+"""
+
+from __future__ import annotations
+
+import html as _html
+from fractions import Fraction
+
+from .ops import OPS
+from .terms import Term, postorder
+
+SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
+
+
+class Style:
+    """How text spells each construct; the other styles override what differs."""
+
+    plus, minus, neg, had_sep, mul_sep = " + ", " - ", "-", " * ", " "
+    lpar, rpar = "(", ")"
+
+    def symbol(self, symbol, shape):
+        return symbol.printed()
+
+    def let(self, name, index):
+        return name + "".join("_%d" % i for i in index)
+
+    def number(self, value: Fraction):
+        return str(value.numerator) if value.denominator == 1 else "%d/%d" % (value.numerator, value.denominator)
+
+    def transpose(self, inner):
+        return inner + "^t"
+
+    def power(self, base, exponent: Fraction):
+        if exponent.denominator == 1 and exponent > 0:
+            return "%s^%d" % (base, exponent.numerator)
+        return "%s^(%s)" % (base, self.number(exponent))
+
+    def call(self, name, args):
+        return "%s(%s)" % (name, ", ".join(args))
+
+    def differential(self, node, inner):
+        # dQ_0 for the differential of a symbol, as the manual writes it; d(...) otherwise
+        if node.args[0].op in ("sym", "let"):
+            return "d" + inner
+        return "d(%s)" % inner
+
+    def eye(self, dim):
+        return "I_%s" % dim
+
+    def zero(self, shape):
+        return "0"
+
+    def paren(self, s):
+        return self.lpar + s + self.rpar
+
+    def wrap(self, s):
+        return s
+
+
+class StringStyle(Style):
+    """Re-parseable: every construct in the language's own surface syntax."""
+
+    def symbol(self, symbol, shape):
+        return symbol.name + "".join("[%d]" % i for i in symbol.index)
+
+    def let(self, name, index):
+        return name + "".join("[%d]" % i for i in index)
+
+    def differential(self, node, inner):
+        return "d(%s)" % inner
+
+    def eye(self, dim):
+        return "eye(%s)" % dim
+
+    def zero(self, shape):
+        return "zeros(%s, %s)" % shape
+
+
+def _latex_name(name):
+    return name if len(name) == 1 else r"\mathit{%s}" % name
+
+
+class LatexStyle(Style):
+    had_sep, mul_sep = r" \circ ", " "
+    lpar, rpar = r"\left(", r"\right)"
+
+    def symbol(self, symbol, shape):
+        base = _latex_name(symbol.name)
+        return base + ("_{%s}" % ",".join(map(str, symbol.index)) if symbol.index else "")
+
+    def let(self, name, index):
+        return _latex_name(name) + ("_{%s}" % ",".join(map(str, index)) if index else "")
+
+    def number(self, value):
+        if value.denominator == 1:
+            return str(value.numerator)
+        sign = "-" if value < 0 else ""
+        return r"%s\tfrac{%d}{%d}" % (sign, abs(value.numerator), value.denominator)
+
+    def transpose(self, inner):
+        return "{%s}^{t}" % inner
+
+    def power(self, base, exponent):
+        e = "%d" % exponent.numerator if exponent.denominator == 1 else "%d/%d" % (exponent.numerator, exponent.denominator)
+        return "{%s}^{%s}" % (base, e)
+
+    def call(self, name, args):
+        op = OPS.get(name)
+        head = op.latex if op is not None and op.latex else r"\operatorname{%s}" % name
+        return r"%s\left(%s\right)" % (head, ", ".join(args))
+
+    def differential(self, node, inner):
+        if node.args[0].op in ("sym", "let"):
+            return r"\mathrm{d}" + inner
+        return r"\mathrm{d}\left(%s\right)" % inner
+
+    def eye(self, dim):
+        return "I_{%s}" % dim
+
+
+class HtmlStyle(Style):
+    minus, neg, had_sep = " &minus; ", "&minus;", " &#8728; "
+
+    def symbol(self, symbol, shape):
+        sub = "<sub>%s</sub>" % ",".join(map(str, symbol.index)) if symbol.index else ""
+        return "<i>%s</i>%s" % (_html.escape(symbol.name), sub)
+
+    def let(self, name, index):
+        sub = "<sub>%s</sub>" % ",".join(map(str, index)) if index else ""
+        return "<i>%s</i>%s" % (_html.escape(name), sub)
+
+    def transpose(self, inner):
+        return inner + "<sup>t</sup>"
+
+    def power(self, base, exponent):
+        return "%s<sup>%s</sup>" % (base, self.number(exponent))
+
+    def call(self, name, args):
+        return '<span class="op">%s</span>(%s)' % (_html.escape(name), ", ".join(args))
+
+    def differential(self, node, inner):
+        if node.args[0].op in ("sym", "let"):
+            return "d" + inner
+        return "d(%s)" % inner
+
+    def eye(self, dim):
+        return "<i>I</i><sub>%s</sub>" % _html.escape(str(dim))
+
+    def wrap(self, s):
+        return '<span class="fdsl">%s</span>' % s
+
+
+class Printer:
+    """Runs a Style over the shared term graph, one visit per distinct node (memoised)."""
+
+    def __init__(self, style: Style):
+        self.style = style
+        self.memo: dict = {}  # Term -> (text, prec, unsigned text or None)
+
+    def __call__(self, t: Term) -> str:
+        self._fill(t)
+        return self.style.wrap(self.memo[t][0])
+
+    def _fill(self, t):
+        memo = self.memo
+        if t in memo:
+            return
+        for node in postorder(t, descend=lambda n: n not in memo and n.op != "let"):
+            if node not in memo:
+                memo[node] = self._node(node)
+
+    def _at(self, child, prec):
+        text, p, _ = self.memo[child]
+        return self.style.paren(text) if p < prec else text
+
+    def _node(self, n: Term):
+        s, op = self.style, n.op
+        if op == "sym":
+            return s.symbol(*n.data), ATOM, None
+        if op == "let":
+            return s.let(*n.data), ATOM, None
+        if op == "num":
+            v = n.data
+            if v < 0:
+                return s.neg + s.number(-v), SUM, s.number(-v)
+            return s.number(v), (ATOM if v.denominator == 1 else MUL), None
+        if op == "eye":
+            return s.eye(n.data), ATOM, None
+        if op == "zero":
+            return s.zero(n.data), ATOM, None
+        if op == "add":
+            parts = []
+            for i, a in enumerate(n.args):
+                text, p, unsigned = self.memo[a]
+                if unsigned is not None:
+                    parts.append((s.minus if i else s.neg) + unsigned)
+                else:
+                    parts.append((s.plus if i else "") + text)
+            return "".join(parts), SUM, None
+        if op == "mul":
+            args = n.args
+            sign, lead = "", []
+            if args[0].op == "num":
+                c = args[0].data
+                if c < 0:
+                    sign, c = s.neg, -c
+                if c != 1:
+                    num_text = s.number(c)
+                    lead = [num_text if c.denominator == 1 else s.paren(num_text)]
+                args = args[1:]
+            body = s.mul_sep.join(lead + [self._at(a, POSTFIX if a.op == "num" else MUL + 1) for a in args])
+            if sign:
+                return sign + body, SUM, body
+            return body, MUL, None
+        if op == "had":
+            return s.had_sep.join(self._at(a, HAD + 1) for a in n.args), HAD, None
+        if op == "t":
+            return s.transpose(self._at(n.args[0], ATOM)), POSTFIX, None
+        if op == "pow":
+            return s.power(self._at(n.args[0], ATOM), n.data), POSTFIX, None
+        if op == "d":
+            return s.differential(n, self._at(n.args[0], ATOM) if n.args[0].op in ("sym", "let")
+                                  else self.memo[n.args[0]][0]), ATOM, None
+        # every other operator prints as a function call
+        return s.call(op, [self.memo[a][0] for a in n.args]), ATOM, None
+
+
+_STYLES = {"text": Style(), "string": StringStyle(), "latex": LatexStyle(), "html": HtmlStyle()}
+# Printers keep their memo between calls: terms are immutable, so a printed node stays printed.
+_PRINTERS = {name: Printer(style) for name, style in _STYLES.items()}
+
+
+def text(t: Term) -> str:
+    """What ``show`` prints."""
+    return _PRINTERS["text"](t)
+
+
+def string(t: Term) -> str:
+    """The re-parseable form: ``parse(string(t)) == t``."""
+    return _PRINTERS["string"](t)
+
+
+def latex(t: Term) -> str:
+    """LaTeX math (without the surrounding dollars)."""
+    return _PRINTERS["latex"](t)
+
+
+def html(t: Term) -> str:
+    """An HTML fragment in the manual's style."""
+    return _PRINTERS["html"](t)

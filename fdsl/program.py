@@ -1,0 +1,480 @@
+"""Elaborate: statements to declarations, definitions and terms, with shapes checked on the way.
+
+Vocabulary
+----------
+Program     what ``fdsl.parse``/``fdsl.load`` return: the declared dims and symbols, the
+            definitions (their values are terms), the rule book, and the effects (printing,
+            files) that ``run`` performs. The CLI and the repl are thin layers over it.
+dim         a size, numeric (``dim n = 8``) or symbolic (``dim n``); shapes name dims.
+family      an indexed declaration (``weight Q[i] : d x k``): ``Q[0]`` is the symbol ``Q_0``.
+clause      one equation of a parameterised definition; clauses are tried in order, and an
+            integer literal parameter (``encoder(0) = X``) only matches that integer.
+effect      output of a statement, held back until the whole program has elaborated, so an
+            error anywhere means nothing is printed or written ("nothing half-written").
+
+Every definition and statement is evaluated when it is read; building its terms checks shapes,
+so a mismatch stops the program before anything else happens.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Optional
+
+from . import terms as T
+from .errors import FdslError
+from .functions import FUNCTIONS, as_int, as_term, describe, render
+from .ops import OPS, ShapeError
+from .parse import Node, Stmt, parse_program
+from .terms import Symbol, Term
+
+DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway recursion
+
+# Modules that register built-in functions (@function) and statements; imported once, on the
+# first Program. The core (terms, ops, rewrite, forms) never imports a backend itself.
+FUNCTION_MODULES: list[str] = ["fdsl.statements"]
+_loaded = False
+
+
+def _load_function_modules():
+    global _loaded
+    if not _loaded:
+        import importlib
+
+        for module in FUNCTION_MODULES:
+            importlib.import_module(module)
+        _loaded = True
+
+
+@dataclass
+class Clause:
+    name: str
+    params: tuple
+    body: Node
+    named: bool
+    source: tuple  # (filename, text) the body was parsed from, for error positions
+    line: int
+
+
+@dataclass
+class Family:
+    kind: str
+    indices: tuple
+    shape: tuple
+    value: object
+
+
+class Program:
+    """An elaborated fdsl program."""
+
+    def __init__(self, filename: str = "<string>", base_dir: Optional[Path] = None):
+        self.filename = filename
+        self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
+        self.dims: dict[str, Optional[int]] = {}
+        self.families: dict[str, Family] = {}
+        self.symbols: dict[str, Term] = {}
+        self.definitions: dict[str, object] = {}  # name = expr: its value
+        self.clauses: dict[str, list[Clause]] = {}  # name(params) = expr
+        self.declared_at: dict[str, str] = {}
+        self.effects: list = []
+        self.options = {"trace": False, "step_limit": None}
+        self.trace_out = sys.stderr
+        self._memo: dict = {}
+        self._depth = 0
+        self._src = (filename, "")
+        self.rulebook = None  # the rule engine's RuleBook, made when rules are first needed
+        self.values = None  # the numpy backend's symbol values, when given
+        _load_function_modules()
+
+    # ---- feeding statements -------------------------------------------------------------------
+
+    def feed(self, text: str, filename: Optional[str] = None) -> list:
+        """Elaborate more program text; return the effects it produced (not yet performed)."""
+        filename = filename or self.filename
+        statements = parse_program(text, filename)
+        start = len(self.effects)
+        self._src = (filename, text)
+        for st in statements:
+            try:
+                self.statement(st)
+            except FdslError as e:
+                raise e.located(filename, st.line, st.col, text)
+        return self.effects[start:]
+
+    def statement(self, st: Stmt):
+        if st.kind == "dim":
+            for name, value, line, col in st.items:
+                self._declare_name(name, "dim", line, col)
+                self.dims[name] = value
+        elif st.kind == "sym":
+            self._declare_symbols(st)
+        elif st.kind == "define":
+            self._define(st)
+        else:
+            from .statements import STATEMENTS
+
+            STATEMENTS[st.name].run(self, st)
+
+    def _declare_name(self, name, what, line, col):
+        if name in self.declared_at and (name in self.dims or name in self.families or name in self.symbols):
+            raise FdslError("%s is already declared (%s)" % (name, self.declared_at[name]),
+                            self._src[0], line, col, self._src[1])
+        self.declared_at[name] = "%s at %s:%d" % (what, self._src[0], line)
+
+    def _declare_symbols(self, st: Stmt):
+        kind = st.name
+        shape = None
+        # a shape applies to the names before it that have none: weight Q[i], K[i] : d x k
+        for item in reversed(st.items):
+            if item["shape"] is not None:
+                shape = item["shape"]
+            item["_shape"] = shape
+        for item in st.items:
+            self._declare_symbol(kind, item)
+
+    def _declare_symbol(self, kind, item):
+        name, line, col = item["name"], item["line"], item["col"]
+        shape = item["_shape"]
+        where = lambda msg: FdslError(msg, self._src[0], line, col, self._src[1])
+        if kind == "scalar":
+            if shape is not None and shape != (1, 1):
+                raise where("scalar %s cannot have the shape %s x %s" % ((name,) + shape))
+            shape = (1, 1)
+        elif shape is None:
+            raise where("%s needs a shape: %s %s : rows x cols" % (name, kind, name))
+        for dimname in shape:
+            if isinstance(dimname, str) and dimname not in self.dims:
+                raise where("unknown dim %r in the shape of %s; declare it with: dim %s" % (dimname, name, dimname))
+        value = None
+        if item["value"] is not None:
+            value = self._symbol_value(kind, name, shape, item["value"])
+        self._declare_name(name, kind, line, col)
+        if item["indices"]:
+            self.families[name] = Family(kind, item["indices"], shape, value)
+        else:
+            self.symbols[name] = T.sym(Symbol(name, (), kind, value), shape)
+
+    def _symbol_value(self, kind, name, shape, node: Node):
+        if kind == "const" and node.kind == "name" and node.value in ("ones", "identity"):
+            if node.value == "identity" and shape[0] != shape[1]:
+                raise self.error("%s = identity needs a square shape, not (%s x %s)" % ((name,) + shape), node)
+            return node.value
+        if kind == "scalar":
+            value = as_term(self.evaluate(node, {}), "the value of scalar %s" % name)
+            if not value.scalar or value.has_weight:
+                raise self.error("the value of scalar %s must be a constant scalar expression" % name, node)
+            return value
+        raise self.error("a %s can be given the value ones or identity; other values come from "
+                         "'values \"file.npz\"' or 'random SEED'" % kind, node)
+
+    def _define(self, st: Stmt):
+        if st.params is None:
+            value = self.evaluate(st.body, {})
+            if st.named:
+                value = T.let(st.name, (), as_term(value, "the body of %s" % st.name))
+            self.definitions[st.name] = value
+            self.clauses.pop(st.name, None)
+        else:
+            clauses = self.clauses.setdefault(st.name, [])
+            clauses.append(Clause(st.name, st.params, st.body, st.named, self._src, st.line))
+            self.definitions.pop(st.name, None)
+        self._memo.clear()  # a redefinition changes what earlier calls would give
+
+    # ---- evaluation ---------------------------------------------------------------------------
+
+    def error(self, message: str, node: Node) -> FdslError:
+        return FdslError(message, self._src[0], node.line or None, node.col or None, self._src[1])
+
+    def evaluate(self, node: Node, env: dict):
+        """The value of an expression node; ShapeErrors become errors at this node."""
+        try:
+            return self._eval(node, env)
+        except ShapeError as e:
+            raise self.error(str(e), node) from None
+        except FdslError as e:
+            raise e.located(self._src[0], node.line or None, node.col or None, self._src[1])
+
+    def _eval(self, node: Node, env: dict):
+        k = node.kind
+        if k == "number":
+            return node.value
+        if k == "string":
+            return node.value
+        if k == "name":
+            return self.lookup(node.value, node, env)
+        if k == "call":
+            return self.call(node.value, [self.evaluate(a, env) for a in node.args], node)
+        if k == "index":
+            return self._index(node, env)
+        args = [self.evaluate(a, env) for a in node.args]
+        if all(_is_number(a) for a in args):
+            return _arith(k, args, node, self)
+        if k in ("add", "sub", "mul", "hadamard"):
+            a, b = (as_term(x, "an operand of %s" % _OPNAME[k]) for x in args)
+            return {"add": T.add, "sub": T.sub, "mul": T.mul, "hadamard": T.hadamard}[k](a, b)
+        if k == "neg":
+            return T.neg(as_term(args[0], "the operand of -"))
+        if k == "div":
+            a, b = as_term(args[0], "a dividend"), as_term(args[1], "a divisor")
+            if not b.scalar:
+                raise self.error("only scalars divide: %s is (%s x %s)" % ((render(b),) + b.shape), node)
+            return T.mul(a, T.power(b, -1))
+        if k == "transpose":
+            return T.transpose(as_term(args[0], "the operand of ^t"))
+        if k == "power":
+            base, exponent = args
+            if not _is_number(exponent):
+                raise self.error("an exponent must be a number, not %s" % describe(exponent), node)
+            return T.power(as_term(base, "the base of a power"), exponent)
+        raise AssertionError("unknown node kind %s" % k)
+
+    def lookup(self, name: str, node: Node, env: dict):
+        """The value of a name: parameter, definition, symbol, dim, or Q_0 for the family Q."""
+        if name in env:
+            return env[name]
+        if name in self.definitions:
+            return self.definitions[name]
+        if name in self.symbols:
+            return self.symbols[name]
+        if name in self.dims:
+            return self.dim_term(name)
+        m = re.fullmatch(r"(.+?)((?:_\d+)+)", name)
+        if m and m.group(1) in self.families:
+            idx = tuple(int(i) for i in m.group(2).split("_")[1:])
+            return self.family_member(m.group(1), idx, node)
+        if name in self.families:
+            fam = self.families[name]
+            raise self.error("%s is an indexed family: write %s[%s]" % (name, name, ", ".join(fam.indices)), node)
+        if name in self.clauses or name in FUNCTIONS or name in OPS:
+            raise self.error("%s is a function: call it as %s(...)" % (name, name), node)
+        raise self.error("unknown name %r%s" % (name, self._suggest(name, env)), node)
+
+    def _suggest(self, name, env=()):
+        known = list(env) + list(self.definitions) + list(self.symbols) + list(self.dims) + list(self.families)
+        close = difflib.get_close_matches(name, known, n=1)
+        return "; did you mean %r?" % close[0] if close else ""
+
+    def dim_term(self, name: str) -> Term:
+        return T.sym(Symbol(name, (), "dim", self.dims[name]), (1, 1))
+
+    def dim_arg(self, value):
+        """A dim given as an argument (eye(n)): its name, or a whole number."""
+        if isinstance(value, Term) and value.op == "sym" and value.data[0].kind == "dim":
+            return value.data[0].name
+        return as_int(value, "a size")
+
+    def family_member(self, name: str, index: tuple, node: Node) -> Term:
+        fam = self.families[name]
+        if len(index) != len(fam.indices):
+            raise self.error("%s takes %d index%s, not %d" % (name, len(fam.indices),
+                                                              "" if len(fam.indices) == 1 else "es", len(index)), node)
+        if any(i < 0 for i in index):
+            raise self.error("indices are whole numbers, not %s" % ", ".join(map(str, index)), node)
+        return T.sym(Symbol(name, index, fam.kind, fam.value), fam.shape)
+
+    def _index(self, node: Node, env: dict):
+        base_node, *index_nodes = node.args
+        index = [self.evaluate(i, env) for i in index_nodes]
+        if base_node.kind == "name" and base_node.value in self.families and base_node.value not in env:
+            return self.family_member(base_node.value, tuple(as_int(i, "an index") for i in index), node)
+        base = self.evaluate(base_node, env)
+        if len(index) != 1:
+            raise self.error("one index selects a summand: x[j]", node)
+        j = as_int(index[0], "an index")
+        items = _items(base)
+        if not -len(items) <= j < len(items):
+            raise self.error("index %d is out of range: there %s %d" % (j, "is" if len(items) == 1 else "are", len(items)), node)
+        return items[j]
+
+    def call(self, name: str, args: list, node: Node):
+        """Apply a definition, a built-in function, an operator, a ruleset, or scale by a symbol."""
+        if name in self.clauses:
+            return self._call_definition(name, args, node)
+        if name in FUNCTIONS:
+            f = FUNCTIONS[name]
+            if len(args) < f.min_args or (f.max_args is not None and len(args) > f.max_args):
+                raise self.error("%s takes %s, not %d: %s" % (name, _count(f.min_args, f.max_args), len(args), f.signature), node)
+            return f.impl(self, *args)
+        if self.rulebook is not None and self.rulebook.has_ruleset(name):
+            if len(args) != 1:
+                raise self.error("ruleset %s takes 1 argument, not %d" % (name, len(args)), node)
+            return self.rulebook.apply_named(name, args[0], self)
+        op = OPS.get(name)
+        if op is not None and op.kind == "function":
+            if len(args) != op.arity:
+                raise self.error("%s takes %s, not %d" % (name, _count(op.arity, op.arity), len(args)), node)
+            return T.make(name, [as_term(a, "an argument of %s" % name) for a in args])
+        scale = self.definitions.get(name) or self.symbols.get(name) or (self.dim_term(name) if name in self.dims else None)
+        if scale is not None and len(args) == 1:  # s(A + B) is the product s (A + B)
+            return T.mul(as_term(scale), as_term(args[0]))
+        raise self.error("unknown function %r%s" % (name, self._suggest_function(name)), node)
+
+    def _suggest_function(self, name):
+        known = list(self.clauses) + list(FUNCTIONS) + [o for o, op in OPS.items() if op.kind == "function"]
+        if self.rulebook is not None:
+            known += self.rulebook.ruleset_names()
+        close = difflib.get_close_matches(name, known, n=1)
+        return "; did you mean %s?" % close[0] if close else ""
+
+    def _call_definition(self, name: str, args: list, node: Node):
+        key = (name, tuple(args))
+        if key in self._memo:
+            return self._memo[key]
+        clauses = self.clauses[name]
+        arity = len(clauses[0].params)
+        if len(args) != arity:
+            raise self.error("%s takes %s, not %d" % (name, _count(arity, arity), len(args)), node)
+        for clause in clauses:
+            env = _bind(clause.params, args)
+            if env is not None:
+                break
+        else:
+            raise self.error("no clause of %s matches %s(%s)" % (name, name, ", ".join(render(a) for a in args)), node)
+        if self._depth >= DEPTH_LIMIT:
+            raise self.error("%s(%s) did not reach a base case within %d nested calls (the depth limit): "
+                             "does every recursive clause of %s move towards one?"
+                             % (name, ", ".join(_short(a) for a in args), DEPTH_LIMIT, name), node)
+        saved = self._src
+        self._depth += 1
+        self._src = clause.source
+        try:
+            value = self.evaluate(clause.body, env)
+        except FdslError as e:
+            if len(e.notes) < 4:  # where the failing body was called from, innermost first
+                e.notes.append("  in %s(%s), called at %s:%d:%d"
+                               % (name, ", ".join(_short(a) for a in args), saved[0], node.line, node.col))
+            raise
+        finally:
+            self._depth -= 1
+            self._src = saved
+        if clause.named:
+            index = tuple(as_int(a, "an argument of the named definition %s" % name) for a in args)
+            value = T.let(name, index, as_term(value, "the body of %s" % name))
+        self._memo[key] = value
+        return value
+
+    # ---- the public API -----------------------------------------------------------------------
+
+    def __getitem__(self, name: str):
+        """A definition's value (a term for matrix definitions)."""
+        if name in self.definitions:
+            return self.definitions[name]
+        if name in self.symbols:
+            return self.symbols[name]
+        raise KeyError(name)
+
+    def expr(self, text: str):
+        """Evaluate one expression in this program: ``program.expr("form(encoder(2))")``."""
+        statements = parse_program(text, "<expr>")
+        if len(statements) != 1 or statements[0].kind != "command" or statements[0].name != "show" \
+                or len(statements[0].items) != 1:
+            raise FdslError("expected one expression", "<expr>", 1, 1, text)
+        self._src = ("<expr>", text)
+        return self.evaluate(statements[0].items[0], {})
+
+    def call_definition(self, name: str, *args):
+        """Call a parameterised definition from Python: ``program.call_definition("encoder", 2)``."""
+        values = [Fraction(a) if isinstance(a, int) else a for a in args]
+        return self._call_definition(name, values, Node("call", value=name))
+
+    def run(self, out=None) -> None:
+        """Perform the effects: print what was shown, write the files that were asked for."""
+        out = out or sys.stdout
+        for effect in self.effects:
+            effect.perform(out, self)
+        self.effects.clear()
+
+    def resolve_path(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else self.base_dir / p
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, Fraction)
+
+
+_OPNAME = {"add": "+", "sub": "-", "mul": "a product", "hadamard": "*"}
+
+
+def _arith(kind, args, node, program):
+    if kind == "add":
+        return args[0] + args[1]
+    if kind == "sub":
+        return args[0] - args[1]
+    if kind == "neg":
+        return -args[0]
+    if kind in ("mul", "hadamard"):
+        return args[0] * args[1]
+    if kind == "div":
+        if args[1] == 0:
+            raise program.error("division by zero", node)
+        return args[0] / args[1]
+    if kind == "power":
+        base, exponent = args
+        if exponent.denominator == 1 and (base != 0 or exponent >= 0):
+            return base ** int(exponent)
+        return T.power(T.num(base), exponent)
+    if kind == "transpose":
+        return args[0]
+    raise AssertionError(kind)
+
+
+def _bind(params, args):
+    env = {}
+    for p, a in zip(params, args):
+        if isinstance(p, int):
+            if not (_is_number(a) and a == p):
+                return None
+        else:
+            env[p] = a
+    return env
+
+
+def _items(value):
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, Term):
+        return list(T.summands(value)) or [value]
+    raise FdslError("%s cannot be indexed" % describe(value))
+
+
+def _count(lo, hi):
+    if lo == hi:
+        return "%d argument%s" % (lo, "" if lo == 1 else "s")
+    if hi is None:
+        return "at least %d arguments" % lo
+    return "%d to %d arguments" % (lo, hi)
+
+
+def _short(v):
+    s = render(v)
+    return s if len(s) < 30 else s[:27] + "..."
+
+
+def parse(text: str, filename: str = "<string>", base_dir=None) -> Program:
+    """Elaborate program text; its statements' effects wait for ``Program.run``."""
+    program = Program(filename, base_dir)
+    program.feed(text, filename)
+    return program
+
+
+def load(path, rules=()) -> Program:
+    """Read and elaborate a ``.fd`` file (``rules``: extra rule files to load first)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise FdslError("cannot read %s: %s" % (path, e.strerror or e)) from None
+    except UnicodeDecodeError:
+        raise FdslError("%s is not a text file" % path) from None
+    program = Program(str(path), path.parent)
+    for r in rules:
+        program.load_rules(r)
+    program.feed(text, str(path))
+    return program

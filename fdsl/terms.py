@@ -1,0 +1,346 @@
+"""Terms: immutable, hash-consed matrices of differential forms.
+
+Vocabulary
+----------
+Term       one node of the term graph: an operator (see ``fdsl.ops``), a tuple of argument Terms and
+           a small hashable payload (``data``). Terms are interned: two equal terms are one object,
+           so ``==`` and ``hash`` are identity and cost O(1), and a subterm that occurs many times
+           is stored once. A term is a DAG, never expanded into a tree.
+Symbol     the payload of a ``sym`` leaf: name, index tuple (``Q[0]`` is ``Symbol("Q", (0,))`` and
+           prints ``Q_0``), kind (const, scalar, weight, dim), shape and optional built-in value.
+word       the factors of a product read left to right (a non-product term is a one-letter word).
+scalar     a 1 x 1 term that commutes: numbers, declared scalars, dims used as numbers, traces,
+           and products, sums and powers of those. In a product, scalars stand first.
+
+Smart constructors (``mul``, ``add``, ``transpose``, ``make``) apply only the laws of the
+representation: flattening of associative operators, units (``1``, identity matrices) and zeros
+(a zero factor, summand or linear argument). Everything else about the operators is in rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterator, Optional
+
+from .ops import OPS, ShapeError
+
+_TABLE: dict = {}
+
+
+class Term:
+    """An interned node; build with the constructors below, never directly."""
+
+    __slots__ = ("op", "args", "data", "shape", "scalar", "has_d", "has_weight", "__weakref__")
+
+    def __init__(self, op, args, data, shape, scalar):
+        self.op = op
+        self.args = args
+        self.data = data
+        self.shape = shape
+        self.scalar = scalar
+        self.has_d = op == "d" or any(a.has_d for a in args)
+        self.has_weight = (op == "sym" and data[0].kind == "weight") or any(a.has_weight for a in args)
+
+    # identity is equality: the interning table guarantees one object per distinct term
+    __hash__ = object.__hash__
+
+    def __eq__(self, other):
+        return self is other
+
+    def __repr__(self):
+        from .printers import string
+
+        return "Term(%s)" % string(self)
+
+    def __str__(self):
+        from .printers import text
+
+        return text(self)
+
+    def _repr_latex_(self):
+        from .printers import latex
+
+        return "$%s$" % latex(self)
+
+    def _repr_html_(self):
+        from .printers import html
+
+        return html(self)
+
+    def __reduce__(self):
+        raise TypeError("terms are interned; serialise them with fdsl.printers.string")
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A declared name: what a ``sym`` leaf stands for."""
+
+    name: str
+    index: tuple = ()
+    kind: str = "const"  # const | scalar | weight | dim
+    value: Optional[object] = None  # "ones", "identity", a Term (scalars), an int (dims)
+
+    def printed(self) -> str:
+        """``Q_0`` for ``Q[0]``: the key of the symbol in value files and gradient files."""
+        return self.name + "".join("_%d" % i for i in self.index)
+
+
+def _intern(op, args, data, shape, scalar):
+    key = (op, data, args)
+    t = _TABLE.get(key)
+    if t is None:
+        t = _TABLE[key] = Term(op, args, data, shape, scalar)
+    return t
+
+
+# ---- leaves ------------------------------------------------------------------------------------
+
+
+def sym(symbol: Symbol, shape) -> Term:
+    scalar = symbol.kind in ("scalar", "dim")
+    return _intern("sym", (), (symbol, shape), (1, 1) if scalar else shape, scalar)
+
+
+def num(value) -> Term:
+    value = Fraction(value)
+    return _intern("num", (), value, (1, 1), True)
+
+
+def zero(shape) -> Term:
+    """The zero matrix of ``shape``; the number 0 where the shape is scalar or unknown."""
+    if shape is None or shape == (1, 1):
+        return num(0)
+    return _intern("zero", (), shape, shape, False)
+
+
+def eye(dim) -> Term:
+    """The identity matrix of size ``dim`` (the unit of products; the empty word)."""
+    if dim == 1:
+        return num(1)
+    return _intern("eye", (), dim, (dim, dim), False)
+
+
+ZERO = num(0)
+ONE = num(1)
+
+
+def is_zero(t: Term) -> bool:
+    return t.op == "zero" or (t.op == "num" and t.data == 0)
+
+
+def is_unit(t: Term) -> bool:
+    return t.op == "eye" or (t.op == "num" and t.data == 1)
+
+
+def symbol_of(t: Term) -> Symbol:
+    return t.data[0]
+
+
+# ---- constructors ------------------------------------------------------------------------------
+
+
+def make(op: str, args, data=None) -> Term:
+    """Build ``op(args)``: checks arity and shapes, applies the zero law of linear arguments."""
+    spec = OPS[op]
+    args = tuple(args)
+    if op == "mul":
+        return mul(*args)
+    if op == "add":
+        return add(*args)
+    if op == "had":
+        return hadamard(*args)
+    if spec.arity is not None and len(args) != spec.arity:
+        raise ShapeError("%s takes %d argument%s, not %d" % (op, spec.arity, "" if spec.arity == 1 else "s", len(args)))
+    for i in spec.linear:
+        if is_zero(args[i]):
+            wild = tuple(_WILD if j == i else a for j, a in enumerate(args))
+            shape, _ = spec.shape(wild)
+            return zero(shape)
+    if op == "t" and args[0].scalar:
+        return args[0]  # a scalar is its own transpose
+    if op == "t" and args[0].op == "eye":
+        return args[0]
+    shape, scalar = spec.shape(args)
+    return _intern(op, args, data, shape, scalar)
+
+
+class _Wildcard:
+    """Stands for a zero argument while the shape of the zero result is worked out."""
+
+    op = "wild"
+    shape = None
+    scalar = False
+
+
+_WILD = _Wildcard()
+
+
+def mul(*factors: Term) -> Term:
+    """The product of ``factors``: flat, numbers multiplied into one leading coefficient, scalars
+    first (they commute), units dropped, zero if any factor is zero."""
+    coeff = Fraction(1)
+    scalars, mats = [], []
+    flat = []
+    for f in factors:
+        flat.extend(f.args if f.op == "mul" else (f,))
+    for f in flat:
+        if f.op == "num":
+            coeff *= f.data
+        elif f.scalar:
+            scalars.append(f)
+        else:
+            mats.append(f)
+    shape, scalar = OPS["mul"].shape(mats) if mats else ((1, 1), True)
+    if coeff == 0 or any(f.op == "zero" for f in mats):
+        return zero(shape)
+    kept = [f for f in mats if f.op != "eye"]
+    if mats and not kept:
+        kept = [mats[0]]  # a product of identities is the identity
+    out = ([num(coeff)] if coeff != 1 else []) + scalars + kept
+    if not out:
+        return ONE
+    if len(out) == 1:
+        return out[0]
+    return _intern("mul", tuple(out), None, shape, scalar)
+
+
+def add(*summands: Term) -> Term:
+    """The sum of ``summands``: flat, in the given order, zeros dropped."""
+    flat = []
+    for s in summands:
+        flat.extend(s.args if s.op == "add" else (s,))
+    shape, scalar = OPS["add"].shape(flat) if flat else ((1, 1), True)
+    kept = [s for s in flat if not is_zero(s)]
+    # numbers are summed into one (the ring of scalars), kept where the first of them stood
+    nums = [s for s in kept if s.op == "num"]
+    if len(nums) > 1:
+        total = num(sum(s.data for s in nums))
+        first = kept.index(nums[0])
+        kept = [s for s in kept if s.op != "num"]
+        if total.data != 0:
+            kept.insert(first, total)
+    if not kept:
+        return zero(shape)
+    if len(kept) == 1:
+        return kept[0]
+    return _intern("add", tuple(kept), None, shape, scalar)
+
+
+def hadamard(*factors: Term) -> Term:
+    """The componentwise product: flat, zero if any factor is zero."""
+    flat = []
+    for f in factors:
+        flat.extend(f.args if f.op == "had" else (f,))
+    shape, scalar = OPS["had"].shape(flat)
+    if any(is_zero(f) for f in flat):
+        return zero(shape)
+    if len(flat) == 1:
+        return flat[0]
+    return _intern("had", tuple(flat), None, shape, scalar)
+
+
+def neg(t: Term) -> Term:
+    return mul(num(-1), t)
+
+
+def sub(a: Term, b: Term) -> Term:
+    return add(a, neg(b))
+
+
+def transpose(t: Term) -> Term:
+    return make("t", (t,))
+
+
+def d(t: Term) -> Term:
+    return make("d", (t,))
+
+
+def power(base: Term, exponent) -> Term:
+    exponent = Fraction(exponent)
+    if exponent == 1:
+        return base
+    if base.op == "num":
+        if exponent.denominator == 1 and (base.data != 0 or exponent > 0):
+            return num(base.data ** int(exponent))
+    return make("pow", (base,), exponent)
+
+
+def let(name: str, index: tuple, body: Term) -> Term:
+    """A named intermediate: prints as ``name``, differentiates and evaluates as ``body``."""
+    return make("let", (body,), (name, tuple(index)))
+
+
+def rebuild(t: Term, args) -> Term:
+    """``t`` with its arguments replaced (the same object when nothing changed)."""
+    args = tuple(args)
+    if len(args) == len(t.args) and all(a is b for a, b in zip(args, t.args)):
+        return t
+    return make(t.op, args, t.data)
+
+
+# ---- words and views ---------------------------------------------------------------------------
+
+
+def factors(t: Term) -> tuple:
+    """The word of ``t``: its factors if it is a product, else ``(t,)``."""
+    return t.args if t.op == "mul" else (t,)
+
+
+def summands(t: Term) -> tuple:
+    """The summands of ``t``: its arguments if it is a sum, else ``(t,)`` (none for zero)."""
+    if is_zero(t):
+        return ()
+    return t.args if t.op == "add" else (t,)
+
+
+def coefficient(t: Term):
+    """Split a product into its rational coefficient and the rest: ``-2 A B`` -> (-2, A B)."""
+    if t.op == "num":
+        return t.data, ONE
+    if t.op == "mul" and t.args[0].op == "num":
+        return t.args[0].data, mul(*t.args[1:])
+    return Fraction(1), t
+
+
+# ---- traversal ---------------------------------------------------------------------------------
+
+
+def postorder(root: Term, descend=None) -> Iterator[Term]:
+    """Every distinct node under ``root`` once, children before parents, without recursion.
+
+    ``descend(node)`` may return False to treat a node as a leaf (e.g. the body of a ``let``).
+    """
+    seen = set()
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            yield node
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        if descend is None or descend(node):
+            for child in reversed(node.args):
+                if child not in seen:
+                    stack.append((child, False))
+
+
+def dag_size(t: Term) -> int:
+    """Number of distinct nodes of the shared term graph."""
+    return sum(1 for _ in postorder(t))
+
+
+def tree_size(t: Term) -> int:
+    """Number of nodes the term would have written out as a tree (can be astronomically large)."""
+    size = {}
+    for node in postorder(t):
+        size[node] = 1 + sum(size[c] for c in node.args)
+    return size[t]
+
+
+def symbols(t: Term) -> list:
+    """The distinct symbol leaves under ``t``, in first-seen order."""
+    return [n for n in postorder(t) if n.op == "sym"]
