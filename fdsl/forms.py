@@ -1,0 +1,187 @@
+"""The manual's verbs on forms: form, forms, len, coeff, weights, depends, and weight order.
+
+Vocabulary
+----------
+form(E)     the pulled-back Euler form ``-trace(E^t d(E))``, a scalar 1-form on weight space.
+normal form ``sum_W trace(G_W d(W))``: one term per weight, the differential last, G free of d
+            (reached by the stdlib strategy ``normal``; ``forms`` stops before ``collect``).
+coefficient G_W, the matrix paired with d(W): ``coeff(w, W)``. The gradient is its transpose.
+weight key  how summands are ordered: by the weight under their differential (name, then index).
+
+The rewriting itself is in stdlib/*.rules; this module only builds ``form(E)``, reads normal
+forms, and provides the built-in strategy ``order`` (a stable sort of summands by weight key).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from fractions import Fraction
+
+from . import terms as T
+from .errors import FdslError
+from .functions import as_int, as_term, function
+from .ops import OPS
+from .printers import text
+from .rewrite import builtin_strategy
+from .terms import Term
+
+
+def form(e: Term) -> Term:
+    """``-trace(E^t d(E))``."""
+    return T.neg(T.make("trace", (T.mul(T.transpose(e), T.d(e)),)))
+
+
+def differentials(t: Term) -> list:
+    """The distinct terms X of the differentials d(X) under ``t``, in first-seen order."""
+    return [n.args[0] for n in T.postorder(t, descend=lambda n: n.op != "let") if OPS[n.op].differential]
+
+
+def weight_key(t: Term):
+    """Sort key of a summand: the weight under its first differential (name, index)."""
+    ds = differentials(t)
+    if not ds:
+        return (0, "", ())
+    x = ds[0]
+    if x.op == "sym":
+        s = x.data[0]
+        return (1, s.name, s.index)
+    return (2, text(x), ())
+
+
+@builtin_strategy("order", "sort the summands by the weight of their differential (stable)")
+def order(t: Term) -> Term:
+    parts = T.summands(t)
+    if len(parts) < 2:
+        return t
+    return T.add(*sorted(parts, key=weight_key))
+
+
+def _normal_terms(w: Term):
+    """The (weight, coefficient) pairs of a form in normal form; an error if it is not one."""
+    pairs = []
+    for s in T.summands(w):
+        c, rest = T.coefficient(s)
+        if rest.op != "trace":
+            raise FdslError("not in normal form: %s is not trace(G d(W)); apply normal(...) first" % _short(s))
+        word = T.factors(rest.args[0])
+        last = word[-1]
+        if last.op != "d" or any(f.has_d for f in word[:-1]):
+            raise FdslError("not in normal form: %s does not end in its only differential; apply normal(...) first"
+                            % _short(s))
+        g = T.mul(T.num(c), *word[:-1]) if len(word) > 1 else T.mul(T.num(c), T.eye(last.shape[0]))
+        pairs.append((last.args[0], g))
+    return pairs
+
+
+def coeff(w: Term, weight: Term) -> Term:
+    """The coefficient G of d(W) in a normal form (the sum of them, if W has several terms)."""
+    gs = [g for x, g in _normal_terms(w) if x is weight]
+    if not gs:
+        return T.zero((weight.shape[1], weight.shape[0]))
+    return T.add(*gs)
+
+
+def weights(w: Term) -> list:
+    """The weights whose differentials appear in ``w``, in weight order."""
+    seen = {x for x in differentials(w) if x.op == "sym"}
+    return sorted(seen, key=lambda x: (x.data[0].name, x.data[0].index))
+
+
+class Dependence:
+    """The answer to "does G involve V?": true or false, and a path through which it does."""
+
+    def __init__(self, holds: bool, path: list):
+        self.holds, self.path = holds, path
+
+    def __bool__(self):
+        return self.holds
+
+    def show(self) -> str:
+        if not self.holds:
+            return "false"
+        return "true, via " + " > ".join(self.path)
+
+
+def depends(g: Term, v: Term) -> Dependence:
+    """Whether ``v`` occurs in ``g``, looking through named intermediates, with the shortest path
+    of named intermediates and operators that leads to it."""
+    parent = {g: None}
+    queue = deque([g])
+    while queue:  # breadth first: the first path found is a shortest one
+        t = queue.popleft()
+        if t is v:
+            return Dependence(True, _path(parent, t))
+        for c in t.args:
+            if c not in parent:
+                parent[c] = t
+                queue.append(c)
+    return Dependence(False, [])
+
+
+def _path(parent, t):
+    chain = []
+    while t is not None:
+        chain.append(t)
+        t = parent[t]
+    chain.reverse()
+    labels = []
+    for node in chain[1:]:
+        if node.op in ("let", "sym"):
+            labels.append(text(node))
+        elif OPS[node.op].kind == "function":
+            labels.append("%s(...)" % node.op)
+    return labels
+
+
+def _short(t, n=100):
+    s = text(t)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+# ---- the language functions ----------------------------------------------------------------------
+
+
+@function("form(E)", "the pulled-back Euler form -trace(E^t d(E))")
+def _form(program, e):
+    return form(as_term(e, "E"))
+
+
+@function("forms(E, j?)", "cycle(shiftmm(flatten(expandmm(expandAll(form(E)))))), or its summand j")
+def _forms(program, e, j=None):
+    w = program.apply_rules("expandforms", form(as_term(e, "E")))
+    if j is None:
+        return w
+    parts = T.summands(w)
+    k = as_int(j, "j")
+    if not -len(parts) <= k < len(parts):
+        raise FdslError("forms(E, %d): there are %d summands (0 to %d)" % (k, len(parts), len(parts) - 1))
+    return parts[k]
+
+
+@function("len(x)", "the number of summands of x (the manual's z.length)")
+def _len(program, x):
+    if isinstance(x, list):
+        return Fraction(len(x))
+    return Fraction(len(T.summands(as_term(x))))
+
+
+@function("coeff(w, W)", "the coefficient G of d(W) in the normal form w = ... + trace(G d(W)) + ...")
+def _coeff(program, w, weight):
+    return coeff(as_term(w, "w"), _weight_arg(weight))
+
+
+@function("weights(w)", "the weights whose differentials appear in w")
+def _weights(program, w):
+    return weights(as_term(w, "w"))
+
+
+@function("depends(G, V)", "whether V occurs in G (true, with the path through which it does, or false)")
+def _depends(program, g, v):
+    return depends(as_term(g, "G"), as_term(v, "V"))
+
+
+def _weight_arg(w):
+    t = as_term(w, "W")
+    if t.op != "sym" or t.data[0].kind != "weight":
+        raise FdslError("%s is not a weight" % text(t))
+    return t

@@ -1,0 +1,341 @@
+"""The rewrite engine: applies rules to the shared term graph, and the strategies that compose it.
+
+Vocabulary
+----------
+Rule        a named left side, right side and guards, from a rule file (``fdsl.rules``).
+step        one rule application at one node: the node is replaced by the right side.
+normal form a term no rule of the ruleset applies to, anywhere inside it (``let`` bodies are
+            not looked into: a named intermediate keeps the body it was defined with).
+bottom-up   (innermost) the default: children are normalised before their parent; each distinct
+            subterm is rewritten once per ruleset and the result remembered (memo), so a subterm
+            shared a thousand times costs one rewrite.
+top-down    (outermost) the first node in pre-order that a rule applies to is rewritten, every
+            occurrence at once, until nothing applies.
+strategy    a composition of rulesets and strategies: in order (``a; b``), ``topdown(r)``,
+            ``bottomup(r)``, ``once(r)`` (one step, top-down), ``fixpoint(s)``, and the built-in
+            Python strategies (``order``), in the style of sympy.strategies: the traversal knows
+            nothing about the rules, the rules nothing about the traversal.
+
+The engine refuses to loop: a rewrite that comes back to a term still being normalised, or more
+steps than the step limit, stops with a message naming the rules that fired last.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from . import terms as T
+from .errors import FdslError, StepLimit
+from .ops import OPS, ShapeError
+from .patterns import Run, build, heads, match
+from .terms import Term
+
+DEFAULT_STEP_LIMIT = 2_000_000
+
+
+# ---- guards ------------------------------------------------------------------------------------
+
+
+def _value(v) -> Term:
+    return v.term() if isinstance(v, Run) else v
+
+
+PREDICATES = {
+    "const": (lambda v: not _value(v).has_weight, "contains no weight, so its differential is 0"),
+    "scalar": (lambda v: _value(v).scalar, "a scalar: commutes with everything"),
+    "weight": (lambda v: _value(v).op == "sym" and _value(v).data[0].kind == "weight", "a weight symbol"),
+    "symbol": (lambda v: _value(v).op == "sym", "a declared symbol"),
+    "number": (lambda v: _value(v).op == "num", "a number"),
+    "has_d": (lambda v: _value(v).has_d, "contains a differential d(...)"),
+    "named": (lambda v: _value(v).op == "let", "a named intermediate (name := ...)"),
+    "identity": (lambda v: _value(v).op == "eye", "an identity matrix"),
+    "zero": (lambda v: T.is_zero(_value(v)), "zero"),
+    "empty": (lambda v: isinstance(v, Run) and not v.items, "an empty run ?A..."),
+}
+
+
+@dataclass
+class Rule:
+    name: str
+    lhs: object
+    rhs: object
+    guards: tuple  # (negated, predicate name, argument pattern)
+    file: str
+    line: int
+    ruleset: str
+
+    def where(self) -> str:
+        return "%s:%d" % (self.file, self.line)
+
+    def __str__(self):
+        g = ""
+        if self.guards:
+            g = " when " + ", ".join(("not " if n else "") + "%s(%s)" % (p, a)
+                                     for n, p, a in self.guards)
+        return "rule %s: %s => %s%s" % (self.name, self.lhs, self.rhs, g)
+
+    def apply(self, t: Term):
+        """The first rewrite of ``t`` by this rule that changes it, or None."""
+        for b in match(self.lhs, t, {}):
+            if not all(PREDICATES[p][0](_arg(a, b)) != neg for neg, p, a in self.guards):
+                continue
+            try:
+                r = build(self.rhs, b)
+            except ShapeError as e:
+                raise FdslError("rule %s built an ill-shaped term from %s: %s" % (self.name, t, e),
+                                self.file, self.line) from None
+            if r.shape != t.shape and T.is_zero(r):
+                r = T.zero(t.shape)  # a right side "0" takes the shape of what it replaces
+            if r is not t:
+                if r.shape != t.shape:
+                    raise FdslError("rule %s changed the shape of %s from (%s x %s) to (%s x %s): it is unsound"
+                                    % ((self.name, t) + tuple(t.shape) + tuple(r.shape)), self.file, self.line)
+                return r
+        return None
+
+
+def _arg(a, b):
+    name = getattr(a, "name", None)
+    return b[name] if name is not None else build(a, b)
+
+
+# ---- rulesets as an index ------------------------------------------------------------------------
+
+
+class Index:
+    """The rules of a ruleset (with the rulesets it includes), indexed by the operator at the root."""
+
+    def __init__(self, rules):
+        self.rules = list(rules)
+        self.by_head: dict[str, list] = {}
+        self.anywhere: list = []
+        for r in self.rules:
+            hs = heads(r.lhs)
+            if hs is None:
+                self.anywhere.append(r)
+            else:
+                for h in hs:
+                    self.by_head.setdefault(h, []).append(r)
+        if self.anywhere:  # keep file order between indexed and unindexed rules
+            order = {id(r): i for i, r in enumerate(self.rules)}
+            for h in self.by_head:
+                self.by_head[h] = sorted(self.by_head[h] + self.anywhere, key=lambda r: order[id(r)])
+
+    def candidates(self, t: Term):
+        return self.by_head.get(t.op, self.anywhere)
+
+
+class Stepper:
+    """Counts steps, keeps the last rules that fired, and prints them under --trace."""
+
+    def __init__(self, name, limit, trace_out=None):
+        self.name, self.limit, self.trace_out = name, limit, trace_out
+        self.steps = 0
+        self.last = deque(maxlen=24)
+
+    def fire(self, rule: Rule, before: Term, after: Term):
+        self.steps += 1
+        self.last.append(rule)
+        if self.trace_out is not None:
+            self.trace_out.write("[%s %s] %s  =>  %s\n" % (rule.name, rule.where(), before, after))
+        if self.steps > self.limit:
+            raise StepLimit("%s did not reach a normal form within %d steps (the step limit)%s"
+                            % (self.name, self.limit, self.recent()))
+
+    def recent(self) -> str:
+        if not self.last:
+            return ""
+        counts = Counter((r.name, r.where()) for r in self.last)
+        fired = ", ".join("%s (%s) x%d" % (n, w, c) for (n, w), c in counts.most_common())
+        return "; the rules that fired last: " + fired
+
+    def loop(self, t: Term):
+        raise StepLimit("%s loops: %s rewrote back to itself after %d steps%s"
+                        % (self.name, _short(t), self.steps, self.recent()))
+
+
+def _short(t, n=120):
+    s = str(t)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def step_at_root(index: Index, t: Term):
+    for rule in index.candidates(t):
+        r = rule.apply(t)
+        if r is not None:
+            return rule, r
+    return None
+
+
+def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
+    """Innermost normalisation of ``root`` (see the module doc), without recursion.
+
+    ``memo`` maps every term seen to its normal form and is kept between calls: terms are
+    immutable, so a normal form stays one.
+    """
+    redirect: dict = {}  # a node -> what it became (rewritten at its root, or rebuilt)
+    active: set = set()  # nodes waiting for the normal form of what they became
+    stack = [root]
+    while stack:
+        t = stack[-1]
+        if t in memo:
+            stack.pop()
+            continue
+        if t.op != "let":  # a named intermediate is opaque: its body stays as defined
+            pending = [c for c in t.args if c not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+        r = redirect.get(t)
+        if r is None:
+            r = T.rebuild(t, [memo[c] for c in t.args]) if t.op != "let" else t
+            if r is t:
+                fired = step_at_root(index, t)
+                if fired is None:
+                    memo[t] = t
+                    stack.pop()
+                    continue
+                rule, r = fired
+                stepper.fire(rule, t, r)
+                if r in active:
+                    stepper.loop(r)
+            redirect[t] = r
+        if r in memo:
+            memo[t] = memo[r]
+            active.discard(t)
+            stack.pop()
+            continue
+        active.add(t)
+        stack.append(r)
+    return memo[root]
+
+
+def topdown(index: Index, root: Term, stepper: Stepper, once=False) -> Term:
+    """Outermost rewriting: rewrite the first redex in pre-order (all its occurrences) and repeat."""
+    seen_roots = set()
+    while True:
+        found = None
+        for node in _preorder(root):
+            fired = step_at_root(index, node)
+            if fired is not None:
+                found = node, fired
+                break
+        if found is None:
+            return root
+        node, (rule, r) = found
+        stepper.fire(rule, node, r)
+        root = substitute(root, {node: r})
+        if once:
+            return root
+        if root in seen_roots:
+            stepper.loop(root)
+        seen_roots.add(root)
+
+
+def _preorder(root: Term):
+    seen = set()
+    stack = [root]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        yield t
+        if t.op != "let":
+            stack.extend(reversed(t.args))
+
+
+def substitute(root: Term, mapping: dict) -> Term:
+    """``root`` with every occurrence of each key replaced by its value (on the shared graph)."""
+    out = dict(mapping)
+    for node in T.postorder(root, descend=lambda n: n not in mapping and n.op != "let"):
+        if node not in out:
+            out[node] = T.rebuild(node, [out.get(c, c) for c in node.args]) if node.op != "let" else node
+    return out[root]
+
+
+# ---- strategies ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Strategy:
+    """A named composition: a list of steps, each ("ruleset"|"strategy"|"builtin", name) or a
+    combinator (kind, inner step)."""
+
+    name: str
+    steps: list
+    file: str = ""
+    line: int = 0
+
+    def __str__(self):
+        return "strategy %s = %s" % (self.name, "; ".join(_step_str(s) for s in self.steps))
+
+
+def _step_str(s):
+    kind, x = s
+    if kind in ("topdown", "bottomup", "once", "fixpoint"):
+        return "%s(%s)" % (kind, _step_str(x))
+    return x
+
+
+# Python strategies usable in rule files by name: a term in, a term out.
+BUILTIN_STRATEGIES: dict = {}
+
+
+def builtin_strategy(name, doc):
+    def register(fn):
+        fn.doc = doc
+        BUILTIN_STRATEGIES[name] = fn
+        return fn
+
+    return register
+
+
+@dataclass
+class Engine:
+    """Runs rulesets and strategies of a rule book over terms, remembering normal forms."""
+
+    book: object
+    memos: dict = field(default_factory=dict)
+    indexes: dict = field(default_factory=dict)
+
+    def reset(self):
+        self.memos.clear()
+        self.indexes.clear()
+
+    def index(self, ruleset: str) -> Index:
+        if ruleset not in self.indexes:
+            self.indexes[ruleset] = Index(self.book.rules_of(ruleset))
+        return self.indexes[ruleset]
+
+    def run(self, name: str, t: Term, options: dict) -> Term:
+        """Apply the ruleset or strategy ``name`` to ``t``."""
+        limit = options.get("step_limit") or DEFAULT_STEP_LIMIT
+        trace = options.get("trace_out") if options.get("trace") else None
+        stepper = Stepper(name, limit, trace)
+        return self._run_step(self.book.step_of(name), t, stepper)
+
+    def _run_step(self, step, t, stepper):
+        kind, x = step
+        if kind == "ruleset":
+            return normalize(self.index(x), t, self.memos.setdefault(x, {}), stepper)
+        if kind == "strategy":
+            for s in self.book.strategies[x].steps:
+                t = self._run_step(s, t, stepper)
+            return t
+        if kind == "builtin":
+            return BUILTIN_STRATEGIES[x](t)
+        if kind == "bottomup":
+            return self._run_step(x, t, stepper)
+        if kind in ("topdown", "once"):
+            if x[0] != "ruleset":
+                raise FdslError("%s(...) takes a ruleset, not %s" % (kind, _step_str(x)))
+            return topdown(self.index(x[1]), t, stepper, once=(kind == "once"))
+        if kind == "fixpoint":
+            while True:
+                nt = self._run_step(x, t, stepper)
+                if nt is t:
+                    return t
+                t = nt
+        raise AssertionError(kind)
