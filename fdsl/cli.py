@@ -21,15 +21,20 @@ _RECURSION_LIMIT = 200_000
 def _cmd_run(args) -> int:
     from .program import load
 
-    program = load(args.file, rules=args.rules or ())
-    program.options["trace"] = args.trace
+    setup = None
     if args.values or args.random is not None:
         from .backends import numpy_eval
 
-        if args.values:
-            numpy_eval.load_values(program, args.values)
-        if args.random is not None:
-            numpy_eval.random_values(program, args.random)
+        def setup(program):  # values first: the program's eval(...) statements run as it is read
+            if args.values:
+                numpy_eval.load_values(program, args.values)
+            if args.random is not None:
+                numpy_eval.random_values(program, args.random)
+
+    program = load(args.file, rules=args.rules or (), setup=setup)
+    program.options["trace"] = args.trace
+    if setup is not None:
+        numpy_eval.check_values(program)  # names in --values that the program never declared
     program.run(sys.stdout)
     return 0
 

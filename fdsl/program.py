@@ -38,7 +38,7 @@ DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway
 
 # Modules that register built-in functions (@function) and statements; imported once, on the
 # first Program. The core (terms, ops, rewrite, forms) never imports a backend itself.
-FUNCTION_MODULES: list[str] = ["fdsl.statements"]
+FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.backends.numpy_eval"]
 _loaded = False
 
 
@@ -464,8 +464,9 @@ def parse(text: str, filename: str = "<string>", base_dir=None) -> Program:
     return program
 
 
-def load(path, rules=()) -> Program:
-    """Read and elaborate a ``.fd`` file (``rules``: extra rule files to load first)."""
+def load(path, rules=(), setup=None) -> Program:
+    """Read and elaborate a ``.fd`` file (``rules``: extra rule files to load first; ``setup``:
+    called with the program before it runs, e.g. to give it values for its ``eval`` statements)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -476,5 +477,7 @@ def load(path, rules=()) -> Program:
     program = Program(str(path), path.parent)
     for r in rules:
         program.load_rules(r)
+    if setup is not None:
+        setup(program)
     program.feed(text, str(path))
     return program
