@@ -21,19 +21,20 @@ _RECURSION_LIMIT = 200_000
 def _cmd_run(args) -> int:
     from .program import load
 
-    setup = None
-    if args.values or args.random is not None:
+    numeric = args.values or args.random is not None
+    if numeric:
         from .backends import numpy_eval
 
-        def setup(program):  # values first: the program's eval(...) statements run as it is read
-            if args.values:
-                numpy_eval.load_values(program, args.values)
-            if args.random is not None:
-                numpy_eval.random_values(program, args.random)
+    def setup(program):  # before the program is read: its statements run as it is read
+        program.options["trace"] = args.trace
+        program.options["step_limit"] = args.step_limit
+        if args.values:
+            numpy_eval.load_values(program, args.values)
+        if args.random is not None:
+            numpy_eval.random_values(program, args.random)
 
     program = load(args.file, rules=args.rules or (), setup=setup)
-    program.options["trace"] = args.trace
-    if setup is not None:
+    if numeric:
         numpy_eval.check_values(program)  # names in --values that the program never declared
     program.run(sys.stdout)
     return 0
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file")
     run.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
     run.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
+    run.add_argument("--step-limit", type=int, metavar="N", help="rewrite steps before a ruleset is "
+                     "declared non-terminating (default %d)" % 2_000_000)
     run.add_argument("--values", metavar="FILE.npz", help="numeric values of symbols, for eval/grad")
     run.add_argument("--random", type=int, metavar="SEED", help="random values for symbols without one")
     run.set_defaults(func=_cmd_run)
@@ -65,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 _SUBCOMMANDS: list = []
 
 # Modules that add subcommands with @subcommand; imported when the parser is built.
-SUBCOMMAND_MODULES: list[str] = []
+SUBCOMMAND_MODULES: list[str] = ["fdsl.repl", "fdsl.backends.graphviz"]
 
 
 def subcommand(register):
@@ -96,8 +99,28 @@ def main(argv=None) -> int:
     sys.setrecursionlimit(_RECURSION_LIMIT)
     threading.stack_size(_STACK_BYTES)
     result: list = []
-    worker = threading.Thread(target=_main, args=(argv, result))
+    finished = threading.Event()
+
+    def work():
+        try:
+            _main(argv, result)
+        finally:
+            finished.set()
+
+    worker = threading.Thread(target=work)
     worker.start()
+    # Signals reach only the main thread: hand Ctrl-C to the worker, where the work is (the repl
+    # cancels the input being evaluated; fdsl run exits 130). Wait on an Event, not join():
+    # a join() interrupted by Ctrl-C marks the thread finished while it still runs (bpo-45274).
+    while not finished.is_set():
+        try:
+            finished.wait()
+        except KeyboardInterrupt:
+            if not finished.is_set():
+                import ctypes
+
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident),
+                                                           ctypes.py_object(KeyboardInterrupt))
     worker.join()
     code = result[0] if result else 1
     sys.stdout.flush()
@@ -105,4 +128,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # python -m fdsl.cli: subcommand modules register with the imported fdsl.cli, not this __main__ copy
+    from fdsl.cli import main as _main_of_module
+
+    sys.exit(_main_of_module())

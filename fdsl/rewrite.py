@@ -185,6 +185,9 @@ def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
         if t.op != "let":  # a named intermediate is opaque: its body stays as defined
             pending = [c for c in t.args if c not in memo]
             if pending:
+                for c in pending:
+                    if c in active:  # a rewrite led back into a term still being rewritten
+                        stepper.loop(c)
                 stack.extend(pending)
                 continue
         r = redirect.get(t)
@@ -198,14 +201,14 @@ def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
                     continue
                 rule, r = fired
                 stepper.fire(rule, t, r)
-                if r in active:
-                    stepper.loop(r)
             redirect[t] = r
         if r in memo:
             memo[t] = memo[r]
             active.discard(t)
             stack.pop()
             continue
+        if r in active or t in active:
+            stepper.loop(r)
         active.add(t)
         stack.append(r)
     return memo[root]
