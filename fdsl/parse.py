@@ -97,7 +97,8 @@ class _NewlinesInBrackets:
 
 @lru_cache(maxsize=None)
 def _parser(grammar: str, start: str = "start") -> Lark:
-    return Lark(grammar_path(grammar).read_text(), parser="lalr", propagate_positions=True,
+    path = grammar_path(grammar)
+    return Lark(path.read_text(), parser="lalr", propagate_positions=True, import_paths=[str(path.parent)],
                 postlex=_NewlinesInBrackets(), start=start, maybe_placeholders=False)
 
 
@@ -225,11 +226,18 @@ def syntax_error(e: UnexpectedInput, text: str, filename: str) -> FdslError:
             what = "unexpected end of line"
         else:
             what = "unexpected %r" % str(tok)
-        msg = "%s; expected %s" % (what, _expected(e.accepts or e.expected))
+        expected = e.accepts or e.expected
+        msg = "%s; expected %s" % (what, _expected(expected))
         line, col = e.line, e.column
         if tok.type == "$END":
             lines = text.splitlines() or [""]
             line, col = len(lines), len(lines[-1]) + 1
+            opener = _unclosed_bracket(text) if {"RPAR", "RSQB"} & set(expected) else None
+            if opener is not None:
+                # newlines inside brackets are whitespace, so the end of the file can be far from the
+                # mistake: point at the bracket that was never closed instead
+                line, col, char = opener
+                msg = "%r is never closed: %s" % (char, msg)
     elif isinstance(e, UnexpectedCharacters):
         msg = "unexpected character %r; expected %s" % (text[e.pos_in_stream], _expected(e.allowed or ()))
         line, col = e.line, e.column
@@ -240,6 +248,28 @@ def syntax_error(e: UnexpectedInput, text: str, filename: str) -> FdslError:
     else:  # pragma: no cover - Lark has no other kinds
         msg, line, col = str(e), getattr(e, "line", None), getattr(e, "column", None)
     return FdslError(msg, filename, line if line and line > 0 else None, col if col and col > 0 else None, text)
+
+
+def _unclosed_bracket(text: str):
+    """(line, col, char) of the innermost '(' or '[' still open at the end of ``text``, or None."""
+    stack = []
+    line, col = 1, 1
+    comment = string = False
+    for ch in text:
+        if comment:
+            comment = ch != "\n"
+        elif string:
+            string = ch not in '"\n'
+        elif ch == "#":
+            comment = True
+        elif ch == '"':
+            string = True
+        elif ch in "([":
+            stack.append((line, col, ch))
+        elif ch in ")]" and stack:
+            stack.pop()
+        line, col = (line + 1, 1) if ch == "\n" else (line, col + 1)
+    return stack[-1] if stack else None
 
 
 def parse_program(text: str, filename: str = "<string>") -> list:

@@ -38,7 +38,7 @@ DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway
 
 # Modules that register built-in functions (@function) and statements; imported once, on the
 # first Program. The core (terms, ops, rewrite, forms) never imports a backend itself.
-FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.backends.numpy_eval"]
+FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.forms", "fdsl.backends.graphviz", "fdsl.backends.numpy_eval"]
 _loaded = False
 
 
@@ -87,10 +87,13 @@ class Program:
         self.trace_out = sys.stderr
         self._memo: dict = {}
         self._depth = 0
+        self._runaway = None  # the innermost call when Python's recursion limit is hit
         self._src = (filename, "")
-        self.rulebook = None  # the rule engine's RuleBook, made when rules are first needed
         self.values = None  # the numpy backend's symbol values, when given
         _load_function_modules()
+        from .rules import RuleBook
+
+        self.rulebook = RuleBook()  # the standard library; `rules "f.rules"` adds to it
 
     # ---- feeding statements -------------------------------------------------------------------
 
@@ -217,6 +220,8 @@ class Program:
             return _arith(k, args, node, self)
         if k in ("add", "sub", "mul", "hadamard"):
             a, b = (as_term(x, "an operand of %s" % _OPNAME[k]) for x in args)
+            if k != "mul":  # the number 0 is the zero of every shape: A + 0 is A, A * 0 is zeros
+                a, b = _zero_like(a, b), _zero_like(b, a)
             return {"add": T.add, "sub": T.sub, "mul": T.mul, "hadamard": T.hadamard}[k](a, b)
         if k == "neg":
             return T.neg(as_term(args[0], "the operand of -"))
@@ -224,6 +229,8 @@ class Program:
             a, b = as_term(args[0], "a dividend"), as_term(args[1], "a divisor")
             if not b.scalar:
                 raise self.error("only scalars divide: %s is (%s x %s)" % ((render(b),) + b.shape), node)
+            if T.is_zero(b):
+                raise self.error("division by zero", node)
             return T.mul(a, T.power(b, -1))
         if k == "transpose":
             return T.transpose(as_term(args[0], "the operand of ^t"))
@@ -231,7 +238,10 @@ class Program:
             base, exponent = args
             if not _is_number(exponent):
                 raise self.error("an exponent must be a number, not %s" % describe(exponent), node)
-            return T.power(as_term(base, "the base of a power"), exponent)
+            base = as_term(base, "the base of a power")
+            if T.is_zero(base) and exponent < 0:
+                raise self.error("division by zero: 0 to the power %s" % render(exponent), node)
+            return T.power(base, exponent)
         raise AssertionError("unknown node kind %s" % k)
 
     def lookup(self, name: str, node: Node, env: dict):
@@ -304,7 +314,7 @@ class Program:
         if self.rulebook is not None and self.rulebook.has_ruleset(name):
             if len(args) != 1:
                 raise self.error("ruleset %s takes 1 argument, not %d" % (name, len(args)), node)
-            return self.rulebook.apply_named(name, args[0], self)
+            return self.apply_rules(name, args[0])
         op = OPS.get(name)
         if op is not None and op.kind == "function":
             if len(args) != op.arity:
@@ -320,7 +330,7 @@ class Program:
         if self.rulebook is not None:
             known += self.rulebook.ruleset_names()
         close = difflib.get_close_matches(name, known, n=1)
-        return "; did you mean %s?" % close[0] if close else ""
+        return "; did you mean %r?" % close[0] if close else ""
 
     def _call_definition(self, name: str, args: list, node: Node):
         key = (name, tuple(args))
@@ -350,6 +360,19 @@ class Program:
                 e.notes.append("  in %s(%s), called at %s:%d:%d"
                                % (name, ", ".join(_short(a) for a in args), saved[0], node.line, node.col))
             raise
+        except RecursionError:
+            # Python's stack ran out before DEPTH_LIMIT (the fdsl command raises the interpreter's
+            # limit, a library caller may not have). Note the innermost call, which is the one
+            # recursing, and report at the outermost, where there is stack to spare for a message.
+            if self._runaway is None:
+                self._runaway = (name, args)
+            if self._depth > 1:
+                raise
+            (inner, inner_args), self._runaway = self._runaway, None
+            raise self.error("%s(%s) did not reach a base case within Python's recursion limit (%d): does "
+                             "every recursive clause of %s move towards one? (if it does, raise the limit "
+                             "with sys.setrecursionlimit)" % (inner, ", ".join(_short(a) for a in inner_args),
+                                                             sys.getrecursionlimit(), inner), node) from None
         finally:
             self._depth -= 1
             self._src = saved
@@ -358,6 +381,18 @@ class Program:
             value = T.let(name, index, as_term(value, "the body of %s" % name))
         self._memo[key] = value
         return value
+
+    # ---- rules -------------------------------------------------------------------------------
+
+    def load_rules(self, path) -> None:
+        """Load a rule file into this program's rule book (its rulesets become functions)."""
+        self.rulebook.load(Path(path))
+        self._memo.clear()
+
+    def apply_rules(self, name: str, value):
+        """Apply a ruleset or strategy by name, with this program's trace and step limit."""
+        options = dict(self.options, trace_out=self.trace_out)
+        return self.rulebook.apply(name, value, options)
 
     # ---- the public API -----------------------------------------------------------------------
 
@@ -395,6 +430,11 @@ class Program:
         return p if p.is_absolute() else self.base_dir / p
 
 
+def _zero_like(t: Term, other: Term) -> Term:
+    """``t``, or the zero matrix of ``other``'s shape if ``t`` is the number 0 beside a matrix."""
+    return T.zero(other.shape) if t.op == "num" and t.data == 0 and not other.scalar else t
+
+
 def _is_number(v) -> bool:
     return isinstance(v, Fraction)
 
@@ -417,7 +457,9 @@ def _arith(kind, args, node, program):
         return args[0] / args[1]
     if kind == "power":
         base, exponent = args
-        if exponent.denominator == 1 and (base != 0 or exponent >= 0):
+        if base == 0 and exponent < 0:
+            raise program.error("division by zero: 0 to the power %s" % render(exponent), node)
+        if exponent.denominator == 1:
             return base ** int(exponent)
         return T.power(T.num(base), exponent)
     if kind == "transpose":
@@ -471,9 +513,10 @@ def load(path, rules=(), setup=None) -> Program:
     try:
         text = path.read_text()
     except OSError as e:
-        raise FdslError("cannot read %s: %s" % (path, e.strerror or e)) from None
+        # the path leads the message as the file of any other error would: "x.fd: cannot read ..."
+        raise FdslError("cannot read this file: %s" % (e.strerror or e), file=str(path)) from None
     except UnicodeDecodeError:
-        raise FdslError("%s is not a text file" % path) from None
+        raise FdslError("not a text file", file=str(path)) from None
     program = Program(str(path), path.parent)
     for r in rules:
         program.load_rules(r)
