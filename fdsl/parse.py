@@ -58,17 +58,27 @@ _TERMINALS = {
     "COMMA": "','", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
     "CIRCUMFLEX": "'^'", "EQUAL": "'='", "COLON": "':'", "SEMICOLON": "';'", "_NL": "end of line",
     "$END": "end of input", "KIND": "a declaration", "COMMAND": "a command", "DIM": "'dim'",
-    "X": "'x'", "T": "'t'", "__ANON_0": "':='", "ARROW": "'=>'", "VAR": "a ?variable",
+    "X": "'x'", "T": "'t'", "ARROW": "'=>'", "VAR": "a ?variable",
     "SEQVAR": "a ?variable...",
 }
 
 
-def describe_terminal(name: str) -> str:
-    return _TERMINALS.get(name, "'%s'" % name.lower() if name.isalpha() else name)
+def describe_terminal(name: str, literals=None) -> str:
+    if name in _TERMINALS:
+        return _TERMINALS[name]
+    if literals and name in literals:  # an anonymous literal such as "=>": show it as written
+        return "'%s'" % literals[name]
+    return "'%s'" % name.lower() if name.isalpha() else name
 
 
-def _expected(names) -> str:
-    items = sorted({describe_terminal(n) for n in names if not n.startswith("__") or n == "__ANON_0"})
+def _literals(parser) -> dict:
+    """Terminal name -> the literal it stands for, for the terminals that are plain strings."""
+    return {t.name: t.pattern.value for t in parser.terminals if t.pattern.type == "str"}
+
+
+def _expected(names, literals=None) -> str:
+    items = sorted({describe_terminal(n, literals) for n in names
+                    if not n.startswith("__") or (literals and n in literals)})
     if not items:
         return "something else"
     if len(items) == 1:
@@ -216,8 +226,9 @@ class ToAst(Transformer):
 _COMMANDS = ("show", "rules", "values", "random", "save")
 
 
-def syntax_error(e: UnexpectedInput, text: str, filename: str) -> FdslError:
+def syntax_error(e: UnexpectedInput, text: str, filename: str, grammar: str = "fdsl.lark") -> FdslError:
     """A Lark error as ``file:line:col: unexpected X; expected Y`` with the line and a caret."""
+    literals = _literals(_parser(grammar))
     if isinstance(e, UnexpectedToken):
         tok = e.token
         if tok.type == "$END":
@@ -227,7 +238,7 @@ def syntax_error(e: UnexpectedInput, text: str, filename: str) -> FdslError:
         else:
             what = "unexpected %r" % str(tok)
         expected = e.accepts or e.expected
-        msg = "%s; expected %s" % (what, _expected(expected))
+        msg = "%s; expected %s" % (what, _expected(expected, literals))
         line, col = e.line, e.column
         if tok.type == "$END":
             lines = text.splitlines() or [""]
@@ -239,11 +250,11 @@ def syntax_error(e: UnexpectedInput, text: str, filename: str) -> FdslError:
                 line, col, char = opener
                 msg = "%r is never closed: %s" % (char, msg)
     elif isinstance(e, UnexpectedCharacters):
-        msg = "unexpected character %r; expected %s" % (text[e.pos_in_stream], _expected(e.allowed or ()))
+        msg = "unexpected character %r; expected %s" % (text[e.pos_in_stream], _expected(e.allowed or (), literals))
         line, col = e.line, e.column
     elif isinstance(e, UnexpectedEOF):
         lines = text.splitlines() or [""]
-        msg = "unexpected end of input; expected %s" % _expected(e.expected)
+        msg = "unexpected end of input; expected %s" % _expected(e.expected, literals)
         line, col = len(lines), len(lines[-1]) + 1
     else:  # pragma: no cover - Lark has no other kinds
         msg, line, col = str(e), getattr(e, "line", None), getattr(e, "column", None)

@@ -112,7 +112,7 @@ def parse_rule_file(text: str, filename: str) -> list:
     try:
         return _RuleAst().transform(_parser("rules.lark").parse(text))
     except UnexpectedInput as e:
-        raise syntax_error(e, text, filename) from None
+        raise syntax_error(e, text, filename, "rules.lark") from None
     except VisitError as e:
         if isinstance(e.orig_exc, FdslError):
             raise e.orig_exc.located(filename, e.orig_exc.line, e.orig_exc.col, text) from None
@@ -240,7 +240,7 @@ class RuleBook:
     def __init__(self, stdlib: bool = True):
         self.rulesets: dict[str, Ruleset] = {}
         self.strategies: dict[str, Strategy] = {}
-        self.rule_names: dict[str, Rule] = {}
+        self.rule_names: dict[tuple, Rule] = {}  # (ruleset, rule name) -> rule
         self.files: list[str] = []
         self.engine = Engine(self)
         if stdlib:
@@ -369,9 +369,9 @@ class RuleBook:
 
     def _compile_rule(self, item, ruleset, display, err) -> Rule:
         name = item["name"]
-        if name in self.rule_names:
-            first = self.rule_names[name]
-            raise err("duplicate rule name %s (first at %s)" % (name, first.where()), item)
+        if (ruleset, name) in self.rule_names:
+            first = self.rule_names[(ruleset, name)]
+            raise err("duplicate rule name %s in ruleset %s (first at %s)" % (name, ruleset, first.where()), item)
         compile_ = _Compiler(err)
         lhs, rhs = compile_(item["lhs"]), compile_(item["rhs"])
         if isinstance(lhs, (Var, Seq)):
@@ -406,7 +406,7 @@ class RuleBook:
                 raise FdslError("predicate %s takes one argument" % pred, display, line, col)
             guards.append((negated, pred, gargs[0]))
         rule = Rule(name, lhs, rhs, tuple(guards), display, item["line"], ruleset)
-        self.rule_names[name] = rule
+        self.rule_names[(ruleset, name)] = rule
         return rule
 
     def _check_references(self):
