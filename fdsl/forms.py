@@ -49,15 +49,16 @@ def weight_key(t: Term):
 
 
 @builtin_strategy("order", "sort the summands by the weight of their differential (stable)")
-def order(t: Term) -> Term:
+def order(t: Term, run=None) -> Term:
     parts = T.summands(t)
     if len(parts) < 2:
         return t
     return T.add(*sorted(parts, key=weight_key))
 
 
-def _normal_terms(w: Term):
-    """The (weight, coefficient) pairs of a form in normal form; an error if it is not one."""
+def normal_terms(w: Term):
+    """The (X, G) pairs of the terms trace(G d(X)) of a normal form; an error if it is not one.
+    X is a weight, or a named intermediate in the steps of ``backprop``."""
     pairs = []
     for s in T.summands(w):
         c, rest = T.coefficient(s)
@@ -75,7 +76,7 @@ def _normal_terms(w: Term):
 
 def coeff(w: Term, weight: Term) -> Term:
     """The coefficient G of d(W) in a normal form (the sum of them, if W has several terms)."""
-    gs = [g for x, g in _normal_terms(w) if x is weight]
+    gs = [g for x, g in normal_terms(w) if x is weight]
     if not gs:
         return T.zero((weight.shape[1], weight.shape[0]))
     return T.add(*gs)

@@ -84,10 +84,11 @@ def describe(value) -> str:
     return "a %s" % type(value).__name__
 
 
-def render(value) -> str:
-    """How ``show`` prints a value."""
+def render(value, known=()) -> str:
+    """How ``show`` prints a value. A term that refers to named intermediates is followed by their
+    bindings (``where X_1 := ...``), except those in ``known`` (the program's own definitions)."""
     if isinstance(value, Term):
-        return printers.text(value)
+        return printers.text_with_bindings(value, known)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, Fraction):

@@ -75,10 +75,12 @@ class StringStyle(Style):
     """Re-parseable: every construct in the language's own surface syntax."""
 
     def symbol(self, symbol, shape):
-        return symbol.name + "".join("[%d]" % i for i in symbol.index)
+        # one bracket for all indices: P[0, 1] (P[0][1] would index the family P with one index)
+        return symbol.name + ("[%s]" % ", ".join(map(str, symbol.index)) if symbol.index else "")
 
     def let(self, name, index):
-        return name + "".join("[%d]" % i for i in index)
+        # a named parameterised definition, enc(L) := ..., is re-made by calling it: enc(2)
+        return name + ("(%s)" % ", ".join(map(str, index)) if index else "")
 
     def differential(self, node, inner):
         return "d(%s)" % inner
@@ -262,3 +264,21 @@ def latex(t: Term) -> str:
 def html(t: Term) -> str:
     """An HTML fragment in the manual's style."""
     return _PRINTERS["html"](t)
+
+
+def bindings(t: Term) -> list:
+    """The named intermediates (``let`` nodes) ``t`` refers to, looking through their bodies,
+    each before the ones that use it; ``t`` itself is not included."""
+    return [n for n in postorder(t) if n.op == "let" and n is not t]
+
+
+def text_with_bindings(t: Term, known=()) -> str:
+    """``text(t)``, then ``where`` and one ``name := body`` line per binding t refers to (those in
+    ``known`` excepted): a shared normal form reads as a few layers, not as its expansion."""
+    lets = [n for n in bindings(t) if n not in known]
+    head = text(t)
+    if t.op == "let" and t not in known:
+        head = "%s := %s" % (head, text(t.args[0]))
+    if not lets:
+        return head
+    return "\n".join([head, "where"] + ["  %s := %s" % (text(n), text(n.args[0])) for n in lets])

@@ -38,7 +38,8 @@ DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway
 
 # Modules that register built-in functions (@function) and statements; imported once, on the
 # first Program. The core (terms, ops, rewrite, forms) never imports a backend itself.
-FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.forms", "fdsl.backends.graphviz", "fdsl.backends.numpy_eval"]
+FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.forms", "fdsl.backprop", "fdsl.backends.graphviz", "fdsl.backends.numpy_eval",
+                               "fdsl.backends.numpy_grad"]
 _loaded = False
 
 
@@ -393,6 +394,10 @@ class Program:
         """Apply a ruleset or strategy by name, with this program's trace and step limit."""
         options = dict(self.options, trace_out=self.trace_out)
         return self.rulebook.apply(name, value, options)
+
+    def named_terms(self) -> set:
+        """The program's own named definitions (E := ...): show prints them by name only."""
+        return {v for v in self.definitions.values() if isinstance(v, Term) and v.op == "let"}
 
     # ---- the public API -----------------------------------------------------------------------
 

@@ -282,7 +282,8 @@ def _step_str(s):
     return x
 
 
-# Python strategies usable in rule files by name: a term in, a term out.
+# Python strategies usable in rule files by name: fn(term, run) -> term, where run(name, term)
+# applies a ruleset or strategy of the same rule book (so a built-in can sequence rulesets).
 BUILTIN_STRATEGIES: dict = {}
 
 
@@ -328,7 +329,7 @@ class Engine:
                 t = self._run_step(s, t, stepper)
             return t
         if kind == "builtin":
-            return BUILTIN_STRATEGIES[x](t)
+            return BUILTIN_STRATEGIES[x](t, lambda name, term: self._run_step(self.book.step_of(name), term, stepper))
         if kind == "bottomup":
             return self._run_step(x, t, stepper)
         if kind in ("topdown", "once"):

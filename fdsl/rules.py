@@ -457,15 +457,17 @@ class RuleBook:
         return ("builtin", name)
 
     def has_ruleset(self, name: str) -> bool:
-        return name in self.rulesets or name in self.strategies
+        return name in self.rulesets or name in self.strategies or name in BUILTIN_STRATEGIES
 
     def ruleset_names(self) -> list:
-        return sorted(self.rulesets) + sorted(self.strategies)
+        return sorted(self.rulesets) + sorted(set(self.strategies) | set(BUILTIN_STRATEGIES))
 
     def describe(self, name: str) -> str:
         """A ruleset's or strategy's rules as text, for ``:rules NAME`` in the repl."""
         if name in self.strategies:
             return str(self.strategies[name])
+        if name in BUILTIN_STRATEGIES:
+            return "strategy %s (built in): %s" % (name, BUILTIN_STRATEGIES[name].doc)
         rs = self.rulesets[name]
         lines = ["ruleset %s%s  (%s:%d)" % (name, " includes " + ", ".join(rs.includes) if rs.includes else "",
                                            rs.file, rs.line)]
