@@ -243,6 +243,8 @@ class RuleBook:
         self.rule_names: dict[tuple, Rule] = {}  # (ruleset, rule name) -> rule
         self.files: list[str] = []
         self.engine = Engine(self)
+        from . import backprop, forms  # noqa: F401  (they register the built-in strategies)
+
         if stdlib:
             self.load(*sorted(stdlib_dir().glob("*.rules")))
 
