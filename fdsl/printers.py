@@ -231,7 +231,7 @@ class Printer:
         if op == "had":
             return s.had_sep.join(self._at(a, HAD + 1) for a in n.args), HAD, None
         if op == "t":
-            return s.transpose(self._at(n.args[0], ATOM)), POSTFIX, None
+            return s.transpose(self._at(n.args[0], POSTFIX)), POSTFIX, None
         if op == "pow":
             return s.power(self._at(n.args[0], ATOM), n.data), POSTFIX, None
         if op == "d":

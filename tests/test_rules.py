@@ -167,3 +167,22 @@ def test_a_shared_subterm_is_rewritten_once():
     thrice = _leibniz_steps(p, "expandAll(d(encoder(1)) + X X^t d(encoder(1)) + d(encoder(1)) X^t X)")
     assert once > 5
     assert thrice == once
+
+
+def test_strategies_compose_rulesets_top_down_once_and_to_a_fixpoint(tmp_path):
+    (tmp_path / "s.rules").write_text(
+        "ruleset tt\nrule tt: ?A^t^t => ?A\n"
+        "ruleset expandt\nrule t-product: (?A ?B...)^t => (?B...)^t ?A^t\n"
+        "strategy top = topdown(tt)\nstrategy one = once(expandt)\nstrategy fix = fixpoint(one)\n"
+        "strategy both = expandt; tt\n")
+    (tmp_path / "p.fd").write_text(
+        'rules "s.rules"\ndim n\nconst A : n x n, B : n x n, C : n x n\n'
+        "show top((A B C)^t^t)\nshow one((A (B C)^t)^t)\nshow fix((A (B C)^t)^t)\nshow both((A B)^t^t^t)\n")
+    r = fdsl_cli("run", tmp_path / "p.fd")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "A B C",  # top-down: the outer ^t^t goes first
+        "(B C)^t^t A^t",  # once: one step, at the outermost redex
+        "B^t^t C^t^t A^t",  # fixpoint of once: as far as expandt goes
+        "B^t A^t",  # in order: expandt, then tt
+    ]
