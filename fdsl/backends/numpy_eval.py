@@ -10,7 +10,15 @@ lowering    the numpy function of an operator, compiled once from its template i
             and the helpers of ``fdsl.backends.numpy_runtime`` (``_softmax``, ``_mm``, ``_aa``,
             ``_mul``).
 leaf        ``sym``, ``zero``, ``eye``: their values come from the symbol values and the dims,
-            not from a template. ``let`` evaluates as its body; ``d`` has no numeric value.
+            not from a template. ``let`` evaluates as its body; ``d`` has no numeric value, except
+            along a tangent (below).
+tangent     a direction in weight space (arrays by printed name; weights not named stay put).
+            An evaluator given one evaluates ``d(T)`` as the derivative of T along it, by central
+            finite differences in float64 (fourth order, step ``step``): T is re-evaluated with the
+            weights moved, so the result depends on evaluation alone, never on the rules. This is
+            the independent oracle of ``fdsl rules --check`` and the property tests; a stencil
+            that crosses a kink of relu (a sign of an argument of ``m`` or ``mm`` changes) raises
+            ``NotDifferentiable`` instead of returning a meaningless number.
 values      numeric values of symbols keyed by printed name (``X``, ``Q_0``): a plain dict, or a
             program's ``Values``, a dict that also creates random values on demand (``random``).
 dims        sizes of dims by name; a dim declared without a size (``dim n``) takes it from the
@@ -105,8 +113,10 @@ class Evaluator:
     """
 
     def __init__(self, values: Optional[Mapping] = None, dims: Optional[Mapping] = None,
-                 origin: Optional[dict] = None):
+                 origin: Optional[dict] = None, tangent: Optional[Mapping] = None, step: float = 1e-3):
         self.values = values if values is not None else {}
+        self.tangent = tangent  # printed weight name -> direction; enables d(...) (see the module doc)
+        self.step = step
         self.dims = {k: v for k, v in (dims or {}).items() if v is not None}
         self.origin = dict(origin or {})  # dim -> symbol whose array gave its size, for messages
         self.memo: dict = {}
@@ -135,6 +145,8 @@ class Evaluator:
             return np.eye(self.size(node.data, "the identity matrix"))
         if op == "let":
             return self.memo[node.args[0]]
+        if op == "d" and self.tangent is not None:
+            return self._differential(node)
         if op == "d":
             raise FdslError("cannot evaluate %s: a differential is a matrix of 1-forms, not of numbers; "
                             "evaluate a coefficient instead (coeff or grad)" % _short(node))
@@ -145,6 +157,43 @@ class Evaluator:
             out = out.reshape(1, 1)
         self._check_result(node, out)
         return out
+
+    def _differential(self, node: Term) -> np.ndarray:
+        """d(T) along the tangent: (8 (T(h) - T(-h)) - (T(2h) - T(-2h))) / 12h, where T(t) is T
+        with every weight W moved to W + t tangent[W]. T itself is already in the memo (children
+        first), so the signs of its relu arguments at t = 0 are known to compare with."""
+        arg = node.args[0]
+        base, moving = {}, []
+        for leaf in postorder(arg):
+            if leaf.op != "sym":
+                continue
+            symbol = leaf.data[0]
+            if symbol.kind == "dim" or symbol.value is not None:
+                continue  # built-in values: the sub-evaluators compute them themselves
+            name = symbol.printed()
+            base[name] = self.memo[leaf]
+            if symbol.kind == "weight" and name in self.tangent:
+                moving.append(name)
+        h = self.step
+
+        def at(t):
+            values = dict(base)
+            for name in moving:
+                values[name] = base[name] + t * np.asarray(self.tangent[name], dtype=np.float64)
+            sub = Evaluator(values, self.dims, self.origin, self.tangent, h)
+            out = sub.value(arg)
+            for n in sub.memo:
+                if n.op in ("m", "mm"):
+                    x = n.args[0]
+                    if not np.array_equal(sub.memo[x] > 0, self.memo[x] > 0):
+                        raise NotDifferentiable("the finite difference of %s crosses a kink of relu "
+                                                "(an argument of %s changes sign within %g of the "
+                                                "point)" % (_short(arg), n.op, 2 * h))
+            return out
+
+        if not moving:
+            return np.zeros_like(self.memo[arg])
+        return (8.0 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12.0 * h)
 
     def _check_result(self, node, out):
         # the template is trusted for the numbers but not for the shape: a broadcast that
@@ -204,6 +253,10 @@ class Evaluator:
                 continue
             if name in self.values:
                 self._bound[name] = conform(name, self.values[name], symbol, shape, self.dims, self.origin)
+
+
+class NotDifferentiable(FdslError):
+    """A finite difference whose stencil crosses a kink of relu: resample the point."""
 
 
 def conform(name: str, array, symbol: Symbol, shape, dims: dict, origin: dict, source: str = "") -> np.ndarray:

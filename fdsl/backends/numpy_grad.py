@@ -1,0 +1,250 @@
+"""Gradients: the numbers of a normal form, by the duality contract of issue 4.
+
+Vocabulary
+----------
+1-form       a scalar term linear in differentials, ``form(E)`` or ``trace(E^t d(E))``.
+normal form  ``w = sum_W trace(G_W d(W))`` (``fdsl.forms``); a 1-form not in it is first brought
+             there with the stdlib strategy ``normal`` (a form already normal is used as it is:
+             normalising again would multiply its coefficients out a second time).
+gradient     ``grad(w, W) = G_W^t``, the dual of the form under the Euclidean (Frobenius) metric:
+             ``w(V) = sum_W trace(G_W V_W) = sum_W <G_W^t, V_W>``. For ``E = Y - F``,
+             ``form(E) = -dL`` with ``L = 1/2 ||E||^2``, so ``grad(form(E), W) = -dL/dW`` is the
+             descent direction, and ``grad(trace(E^t d(E)), W) = +dL/dW``.
+gradients    all of them at once, keyed by printed weight name (``Q_0``, ``K_1``, ``b_0``):
+             ``gradients(program, w)`` is the one function the CLI, ``grad(w)``, ``save`` and
+             training go through (issue 6 swaps generated code in here). All coefficients are
+             evaluated with one shared ``Evaluator``, so a subterm several coefficients share (a
+             softmax block, the error E) is computed once.
+
+The gradients are computed from the symbolic normal form, never by numerical differentiation;
+tests/test_grad.py holds them against finite differences of the loss.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from . import numpy_eval
+from .. import forms
+from .. import terms as T
+from ..cli import subcommand
+from ..errors import FdslError
+from ..functions import as_term, describe, function
+from ..printers import text
+from ..statements import Write
+from ..terms import Term, postorder
+from .numpy_eval import Evaluator, Numeric, program_evaluator
+
+
+# ---- normal forms and coefficients ---------------------------------------------------------------
+
+
+def check_one_form(w, what: str = "the form") -> Term:
+    """``w`` as a term, or an FdslError saying why it is not a scalar 1-form."""
+    if not isinstance(w, Term):
+        raise FdslError("%s must be a scalar 1-form such as form(E), not %s" % (what, describe(w)))
+    if T.is_zero(w):
+        return w
+    if not w.scalar:
+        raise FdslError("%s is a (%s x %s) matrix, not a scalar 1-form: gradients are of scalar forms "
+                        "such as form(E) = -trace(E^t d(E))" % ((what,) + tuple(w.shape)))
+    if not w.has_d:
+        raise FdslError("%s has no differential: it is a number, not a 1-form (write form(E), or "
+                        "trace(... d(W) ...))" % what)
+    return w
+
+
+def _pairs(w: Term):
+    """The (differentiated term, coefficient) pairs of a normal form, or None if ``w`` is not one."""
+    try:
+        return forms.normal_terms(w)
+    except FdslError:
+        return None
+
+
+def _is_weight(x: Term) -> bool:
+    return x.op == "sym" and x.data[0].kind == "weight"
+
+
+def normal_form(program, w, what: str = "the form") -> Term:
+    """``w`` in normal form: as it is if it already is one (every summand trace(G d(W)) with W a
+    weight), else through the strategy ``normal``."""
+    w = check_one_form(w, what)
+    if T.is_zero(w):
+        return w
+    pairs = _pairs(w)
+    if pairs is not None and all(_is_weight(x) for x, _ in pairs):
+        return w
+    return program.apply_rules("normal", w)
+
+
+def coefficients(program, w, what: str = "the form") -> dict:
+    """Weight term -> its coefficient G_W (the sum of them, if a weight has several summands), in
+    weight order."""
+    w = normal_form(program, w, what)
+    if T.is_zero(w):
+        return {}
+    pairs = _pairs(w)
+    if pairs is None:
+        raise FdslError("%s did not reach a normal form sum_W trace(G_W d(W)); the strategy normal "
+                        "left %s" % (what, _short(w)))
+    out: dict = {}
+    for x, g in pairs:
+        if not _is_weight(x):
+            raise FdslError("%s has a differential d(%s) of something that is not a weight, so it "
+                            "has no gradient there" % (what, _short(x)))
+        out.setdefault(x, []).append(g)
+    ordered = sorted(out, key=lambda x: (x.data[0].name, x.data[0].index))
+    return {x: T.add(*out[x]) for x in ordered}
+
+
+def gradients(program, w, evaluator: Optional[Evaluator] = None, what: str = "the form") -> dict:
+    """Printed weight name -> ``G_W^t`` (a float64 array shaped like W), for every weight of the
+    1-form ``w``, evaluated with one shared evaluator (by default over the program's values)."""
+    coeffs = coefficients(program, w, what)
+    if evaluator is None:
+        evaluator = program_evaluator(program)
+    return {x.data[0].printed(): evaluator.value(g).T for x, g in coeffs.items()}
+
+
+def symbol_leaves(terms) -> dict:
+    """Printed name -> symbol leaf, for the symbols under ``terms`` whose values must be given (no
+    dims, no built-in values), in first-seen order."""
+    out: dict = {}
+    for term in terms:
+        for leaf in postorder(term):
+            if leaf.op == "sym":
+                symbol = leaf.data[0]
+                if symbol.kind != "dim" and symbol.value is None:
+                    out.setdefault(symbol.printed(), leaf)
+    return out
+
+
+def _short(t: Term, n: int = 100) -> str:
+    s = text(t) if T.dag_size(t) < 200 else "%s(...)" % t.op
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+# ---- the language: grad(w, W) and grad(w) ----------------------------------------------------------
+
+
+class Gradients(dict):
+    """Gradients by printed weight name; ``show`` prints each, ``save "g.npz" grad(w)`` writes one
+    array per weight."""
+
+    def show(self) -> str:
+        if not self:
+            return "(no weights: the form is 0)"
+        parts = []
+        for name, g in self.items():
+            parts.append("%s (%d x %d):\n%s" % ((name,) + g.shape + (np.array2string(g, precision=6, max_line_width=120),)))
+        return "\n".join(parts)
+
+
+@function("grad(w, W?)", "the gradient G_W^t of the 1-form w = ... + trace(G_W d(W)) + ... (all of them, "
+          "by weight name, without W); grad(form(E), W) is the descent direction of 1/2 ||E||^2")
+def _grad(program, w, weight=None):
+    if weight is None:
+        return Gradients(gradients(program, w, what="the first argument of grad"))
+    x = as_term(weight, "the second argument of grad")
+    if x.op != "sym" or x.data[0].kind != "weight":
+        raise FdslError("the second argument of grad must be a weight, not %s" % _short(x))
+    coeffs = coefficients(program, w, "the first argument of grad")
+    g = coeffs.get(x)
+    if g is None:  # the form does not involve W: its gradient there is zero
+        g = T.zero((x.shape[1], x.shape[0]))
+    return Numeric(program_evaluator(program).value(g).T, x)
+
+
+# ---- fdsl grad FILE --form NAME (--values IN.npz | --random SEED) --out OUT.npz --------------------
+
+
+def load_with_values(args):
+    """Load ``args.file`` with ``--values``/``--random`` (and ``--rules``) applied first, as ``fdsl run``
+    does; an error if neither gives values."""
+    from ..program import load
+
+    if args.values is None and args.random is None:
+        raise FdslError("give the values of the symbols: --values IN.npz or --random SEED")
+
+    def setup(program):
+        program.options["step_limit"] = getattr(args, "step_limit", None)
+        program.options["train"] = False  # train(...) calls in the file wait: this command decides
+        if args.values:
+            numpy_eval.load_values(program, args.values)
+        if args.random is not None:
+            numpy_eval.random_values(program, args.random)
+
+    program = load(args.file, rules=args.rules or (), setup=setup)
+    numpy_eval.check_values(program)
+    return program
+
+
+def form_named(program, name: str) -> Term:
+    """The value of ``--form NAME`` (a definition, or any expression), checked to be a 1-form."""
+    if name in program.clauses and name not in program.definitions:
+        raise FdslError("%s is a parameterised definition; --form takes a form, e.g. a definition "
+                        "w = form(E)" % name, file="--form")
+    try:
+        value = program.expr(name)
+    except FdslError as e:
+        if e.file == "<expr>":
+            e.file, e.line, e.col, e.source = "--form %s" % name, None, None, None
+        raise
+    return check_one_form(value, name)
+
+
+def check_given(program, terms, source: Optional[str]) -> None:
+    """With ``--values``: every symbol the terms need must be in the file (no random fill-in)."""
+    if source is None:
+        return
+    given = program.values if program.values is not None else {}
+    missing = [n for n in symbol_leaves(terms) if n not in given]
+    if missing:
+        raise FdslError("--values may omit nothing the form needs: %s %s no value (the file gives %s)"
+                        % (", ".join(missing), "has" if len(missing) == 1 else "have",
+                           ", ".join(sorted(given)) or "nothing"), file=source)
+
+
+def _cmd_grad(args) -> int:
+    program = load_with_values(args)
+    w = form_named(program, args.form)
+    coeffs = coefficients(program, w, args.form)
+    check_given(program, coeffs.values(), args.values)
+    grads = gradients(program, normal_form(program, w, args.form), what=args.form)
+    out = Path(args.out)
+
+    def write(tmp: Path):
+        with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a bare name
+            np.savez(f, **grads)
+
+    try:
+        Write(out, write).perform(None, program)
+    except OSError as e:
+        raise FdslError("cannot write the gradients: %s" % (e.strerror or e), file=str(out)) from None
+    print("wrote %s: %d gradient%s (%s)" % (out, len(grads), "" if len(grads) == 1 else "s", ", ".join(grads)))
+    return 0
+
+
+def add_value_options(p) -> None:
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--values", metavar="IN.npz", help="the values of the symbols (arrays keyed X, Q_0, ...)")
+    given.add_argument("--random", type=int, metavar="SEED", help="random values for every symbol instead")
+    p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    p.add_argument("--step-limit", type=int, metavar="N", help="rewrite steps before a ruleset is declared "
+                   "non-terminating")
+
+
+@subcommand
+def _register(sub):
+    p = sub.add_parser("grad", help="write the gradient of a 1-form for every weight to an .npz file")
+    p.add_argument("file")
+    p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) "
+                   "or an expression; grad(form(E), W) = -dL/dW for L = 1/2 ||E||^2")
+    p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write one array per weight")
+    add_value_options(p)
+    p.set_defaults(func=_cmd_grad)
