@@ -27,7 +27,10 @@ class FdslError(Exception):
         if self.line is None:
             self.file, self.line, self.col, self.source = file, line, col, source
         elif self.file is None:
+            # a position without a file is a position in the text being located: show its line
             self.file = file
+            if self.source is None:
+                self.source = source
         return self
 
     def where(self) -> str:

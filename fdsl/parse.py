@@ -18,7 +18,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Optional
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from .errors import FdslError
@@ -123,8 +123,9 @@ def _pos(x):
 
 
 @v_args(meta=True)
-class ToAst(Transformer):
-    """Parse tree to Nodes and Stmts; mostly one line per grammar alias."""
+class ToAst(Transformer_NonRecursive):
+    """Parse tree to Nodes and Stmts; mostly one line per grammar alias. Not recursive: a sum
+    of thousands of summands is a parse tree thousands deep."""
 
     def _node(self, kind, meta, args=(), value=None):
         return Node(kind, tuple(args), value, getattr(meta, "line", 0), getattr(meta, "column", 0))

@@ -216,14 +216,11 @@ class Program:
             return self.call(node.value, [self.evaluate(a, env) for a in node.args], node)
         if k == "index":
             return self._index(node, env)
+        if k in _CHAINS:
+            return self._chain(node, env)
         args = [self.evaluate(a, env) for a in node.args]
         if all(_is_number(a) for a in args):
             return _arith(k, args, node, self)
-        if k in ("add", "sub", "mul", "hadamard"):
-            a, b = (as_term(x, "an operand of %s" % _OPNAME[k]) for x in args)
-            if k != "mul":  # the number 0 is the zero of every shape: A + 0 is A, A * 0 is zeros
-                a, b = _zero_like(a, b), _zero_like(b, a)
-            return {"add": T.add, "sub": T.sub, "mul": T.mul, "hadamard": T.hadamard}[k](a, b)
         if k == "neg":
             return T.neg(as_term(args[0], "the operand of -"))
         if k == "div":
@@ -244,6 +241,33 @@ class Program:
                 raise self.error("division by zero: 0 to the power %s" % render(exponent), node)
             return T.power(base, exponent)
         raise AssertionError("unknown node kind %s" % k)
+
+    def _chain(self, node: Node, env: dict):
+        """``a + b - c``, ``a b c``, ``a * b * c``: the parser nests these in pairs to the left;
+        one n-ary term is built from all the operands, without a Python call per operand (a
+        printed sum can have thousands of summands) and without interning every prefix."""
+        kind = _CHAINS[node.kind]
+        kinds = ("add", "sub") if kind == "add" else (kind,)
+        parts = []  # (subtracted?, operand node), right to left
+        while node.kind in kinds:
+            parts.append((node.kind == "sub", node.args[1]))
+            node = node.args[0]
+        parts.append((False, node))
+        parts.reverse()
+        values = [self.evaluate(n, env) for _, n in parts]
+        if all(_is_number(v) for v in values):  # numbers stay exact numbers
+            total = values[0]
+            for (negated, _), v in zip(parts[1:], values[1:]):
+                total = total * v if kind != "add" else total - v if negated else total + v
+            return total
+        terms = [as_term(v, "an operand of %s" % _OPNAME["sub" if negated else kind])
+                 for (negated, _), v in zip(parts, values)]
+        matrix = next((t for t in terms if not t.scalar), None)
+        if kind != "mul" and matrix is not None:  # the number 0 is the zero of every shape: A + 0 is A
+            terms = [_zero_like(t, matrix) for t in terms]
+        if kind == "add":
+            terms = [T.neg(t) if negated else t for (negated, _), t in zip(parts, terms)]
+        return {"add": T.add, "mul": T.mul, "hadamard": T.hadamard}[kind](*terms)
 
     def lookup(self, name: str, node: Node, env: dict):
         """The value of a name: parameter, definition, symbol, dim, or Q_0 for the family Q."""
@@ -445,6 +469,7 @@ def _is_number(v) -> bool:
 
 
 _OPNAME = {"add": "+", "sub": "-", "mul": "a product", "hadamard": "*"}
+_CHAINS = {"add": "add", "sub": "add", "mul": "mul", "hadamard": "hadamard"}  # node kind -> chain kind
 
 
 def _arith(kind, args, node, program):

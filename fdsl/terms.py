@@ -154,7 +154,9 @@ def make(op: str, args, data=None) -> Term:
         raise ShapeError("%s takes %d argument%s, not %d" % (op, spec.arity, "" if spec.arity == 1 else "s", len(args)))
     for i in spec.linear:
         if is_zero(args[i]):
-            wild = tuple(_WILD if j == i else a for j, a in enumerate(args))
+            # a zero matrix keeps its shape (d(0_{n x d}) is 0_{n x d}, not the number 0); only the
+            # number 0 stands for the zero of whatever shape fits
+            wild = tuple(_WILD if j == i and a.op == "num" else a for j, a in enumerate(args))
             shape, _ = spec.shape(wild)
             return zero(shape)
     if op == "t" and args[0].scalar:
@@ -261,7 +263,7 @@ def power(base: Term, exponent) -> Term:
     if exponent == 1:
         return base
     if base.op == "num":
-        if exponent.denominator == 1 and (base.data != 0 or exponent > 0):
+        if exponent.denominator == 1 and (base.data != 0 or exponent >= 0):  # 0^0 = 1, as the parser reads it
             return num(base.data ** int(exponent))
     return make("pow", (base,), exponent)
 

@@ -1,0 +1,48 @@
+"""Shared test helpers: where the repository is, and running the ``fdsl`` command as a user would.
+
+``run_fdsl(*args, cwd=...)`` runs ``python -m fdsl.cli ARGS`` in a subprocess with no stdin, so
+the tests see exactly what a user sees: the exit code, stdout and stderr (a traceback there is a
+bug). The package is taken from this checkout even when it is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def _run_fdsl(*args, cwd=None, timeout=120) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("PYTHONIOENCODING", "utf-8")
+    return subprocess.run([sys.executable, "-m", "fdsl.cli", *map(str, args)], cwd=cwd or REPO, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def run_fdsl():
+    """``run_fdsl(*args, cwd=None)``: the CompletedProcess of ``fdsl ARGS`` run in a subprocess."""
+    return _run_fdsl
+
+
+@pytest.fixture(scope="session")
+def run_fdsl_session():
+    """The same as ``run_fdsl``, for session- or module-scoped fixtures."""
+    return _run_fdsl
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def examples() -> Path:
+    return EXAMPLES
