@@ -172,7 +172,7 @@ def terms(draw, shape, depth=3):
 any_term = st.sampled_from(MATRIX_SHAPES + [SCALAR]).flatmap(lambda shape: terms(shape))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(any_term)
 def test_random_terms_roundtrip(t):
     assert_roundtrip(PROG, t)
