@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 _SUBCOMMANDS: list = []
 
 # Modules that add subcommands with @subcommand; imported when the parser is built.
-SUBCOMMAND_MODULES: list[str] = ["fdsl.repl", "fdsl.backends.graphviz"]
+SUBCOMMAND_MODULES: list[str] = ["fdsl.repl", "fdsl.backends.graphviz", "fdsl.backends.codegen"]
 
 
 def subcommand(register):

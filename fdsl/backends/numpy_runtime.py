@@ -38,8 +38,14 @@ def _mm(A, B):
 
 def _aa(A, B):
     """aa(A, B) = S o (B - rowsum(S o B) 1^t) with S = softmax(A): the softmax Jacobian at A on B."""
-    S = _softmax(A)
-    return S * (B - (S * B).sum(axis=1, keepdims=True))
+    return _aa_given(_softmax(A), B)
+
+
+def _aa_given(S, B):
+    """aa(A, B) from S = softmax(A) (generated code computes S once per A, or reuses a(A))."""
+    out = B - (S * B).sum(axis=1, keepdims=True)
+    out *= S
+    return out
 
 
 def _is_scalar(x):

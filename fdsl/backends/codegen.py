@@ -1,0 +1,934 @@
+"""Generated code: the coefficients of a normal form lowered to one straight-line numpy function.
+
+Vocabulary
+----------
+outputs      the terms to compute, by name: for gradients, ``G_W^t`` for every weight W of a normal
+             form ``w = sum_W trace(G_W d(W))`` (``gradient_terms``), keyed by printed weight name.
+lowering     the outputs turned into Python source: one statement per distinct computation, in
+             topological order of the shared term graph of all outputs (looking through ``let``
+             bodies), so the forward sweep (X_1, X_2, ...) and the backward sweep (the adjoints
+             G_i of ``backprop``) are each done once, whatever number of outputs share them.
+base         a term with its transposes and ``let`` names stripped: ``X_1``, ``X_1^t`` and the body
+             of X_1 have one base. Each base is computed once; transposes are views (``.T``).
+ref          how a term is read from the generated variables: a variable, transposed or not; scalar
+             terms are Python floats (literals when they are constants such as ``s = k^(-1/2)``).
+word         the matrix factors of a product as (base, transposed) pairs; its scalar factors stand
+             apart and are multiplied in last, into the smallest of the two operands of the last
+             multiplication or its result.
+sub-word     a contiguous run of a word. Sub-words are shared between products up to transposition
+             (``Q^t X^t`` is ``(X Q)^t``): each distinct one is computed at most once.
+chain order  a product is bracketed by dynamic programming on the numeric sizes (the matrix-chain
+             problem), where a sub-word already computed costs nothing and one that k products
+             contain costs 1/k of its work (it is done once for all of them).
+storage      a base may be computed transposed when its consumers read it that way: the mask of
+             ``mm`` and the elementwise operands beside it are then read contiguously.
+
+Besides products, the lowering knows the operators whose derivatives share work: ``mm(A, B) =
+[A > 0] o B`` computes the mask ``A > 0`` once per distinct A, and ``aa(A, B)`` reuses ``a(A)``
+(the softmax S, from the forward sweep when it is there, else computed once per distinct A). Sums
+whose summand is ``C r`` with C a column of ones add the row r by broadcasting, and products with
+a ones vector at an end are row or column sums. Every other operator is lowered through its numpy
+template in the operator table (``fdsl.ops.OPS[op].numpy``, placeholders as in
+``numpy_eval._compile``), so an operator declared by a rule file works here too.
+
+The generated module imports only numpy and carries the runtime helpers' source
+(``fdsl.backends.numpy_runtime``). Dims with a size are baked in, with the constants built from
+them (ones, identities, zeros, scalar values such as ``s = k^(-1/2)``); a dim declared without
+one is read off the shape of an input at call time. Intermediates are deleted after their last
+use, so memory is returned to the allocator while the sweep runs.
+
+``fdsl codegen FILE --form NAME -o grads.py`` writes such a module for the 1-form NAME (normalised
+with the strategy ``backprop`` first when it is not already a normal form); ``compile_gradients(w,
+dims)`` returns the same function in-process, for ``grad`` and training.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import keyword
+import os
+import re
+import tempfile
+from fractions import Fraction
+from pathlib import Path
+from typing import Mapping, NamedTuple, Optional
+
+import numpy as np
+
+from . import numpy_runtime
+from .. import forms
+from .. import terms as T
+from ..cli import subcommand
+from ..errors import FdslError
+from ..ops import OPS
+from ..printers import text
+from ..terms import Term, postorder
+
+#: size assumed for a dim without one when choosing the order of products
+_GUESSED_SIZE = 64
+
+
+# ---- what to compute: the gradients of a normal form --------------------------------------------
+
+
+def is_normal_form(w: Term) -> bool:
+    """Whether ``w`` is ``sum_W trace(G_W d(W))`` with every W a weight (lets allowed in the G_W)."""
+    try:
+        pairs = forms.normal_terms(w)
+    except FdslError:
+        return False
+    return all(_is_weight(x) for x, _ in pairs)
+
+
+def _is_weight(x: Term) -> bool:
+    return x.op == "sym" and x.data[0].kind == "weight"
+
+
+def gradient_terms(w: Term) -> dict:
+    """Printed weight name -> ``G_W^t`` (the gradient, by the duality contract), in weight order."""
+    coefficients: dict = {}
+    for x, g in forms.normal_terms(w):
+        if not _is_weight(x):
+            raise FdslError("not a normal form of weights: d(%s) is not the differential of a weight"
+                            % _short(x))
+        coefficients.setdefault(x, []).append(g)
+    ordered = sorted(coefficients, key=lambda x: (x.data[0].name, x.data[0].index))
+    return {x.data[0].printed(): T.transpose(T.add(*coefficients[x])) for x in ordered}
+
+
+def _short(t: Term, n: int = 80) -> str:
+    """``t`` printed (lets by name), cut to ``n`` characters; a huge term by its head only."""
+    size = 0
+    for _ in postorder(t, descend=lambda x: x is t or x.op != "let"):
+        size += 1
+        if size > 200:
+            return "%s(...)" % t.op
+    s = text(t)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def nodes(roots) -> list:
+    """Every distinct node under any of ``roots`` (through let bodies) once, children first."""
+    out, seen = [], set()
+    for root in roots:
+        for node in postorder(root, descend=lambda x: x not in seen):
+            if node not in seen:
+                seen.add(node)
+                out.append(node)
+    return out
+
+
+# ---- refs, statements and words -----------------------------------------------------------------
+
+
+class _Ref(NamedTuple):
+    var: str  # a variable, or a literal for constant scalars
+    flip: bool = False  # the value is var.T
+    scalar: bool = False
+
+    def expr(self) -> str:
+        return self.var + ".T" if self.flip and not self.scalar else self.var
+
+    def t(self) -> "_Ref":
+        return self if self.scalar else _Ref(self.var, not self.flip, False)
+
+
+class _Stmt(NamedTuple):
+    target: Optional[str]
+    code: str
+    uses: tuple  # the variables read, for deleting them after their last use
+
+
+def canon(t: Term) -> tuple:
+    """(base, transposed): ``t`` is the base, or its transpose, with let names looked through."""
+    flip = False
+    while t.op in ("t", "let"):
+        if t.op == "t":
+            flip = not flip
+        t = t.args[0]
+    return t, flip
+
+
+_TEMP = re.compile(r"t\d+\Z")
+_RESERVED = {"np", "values", "float"}
+
+
+# ---- the lowering -------------------------------------------------------------------------------
+
+
+class Lowering:
+    """Lower ``outputs`` (name -> term) to the body of ``grads(values)``; see the module doc."""
+
+    def __init__(self, outputs: Mapping, dims: Optional[Mapping] = None):
+        self.outputs = dict(outputs)
+        self.sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
+        self.module_consts: list = []  # (var, code): built once, at import
+        self.inputs: list = []  # statements reading values[...]
+        self.dim_stmts: list = []  # sizes read off input shapes
+        self.runtime_consts: list = []  # constants whose shape has a dim known only at call time
+        self.body: list = []  # _Stmt, in topological order
+        self.refs: dict = {}  # base -> _Ref
+        self.names: set = set(_RESERVED)
+        self.counter = 0
+        self.avail: dict = {}  # canonical sub-word key -> (var, flip)
+        self.masks: dict = {}  # base -> variable holding (value of base > 0) in its storage
+        self.softmaxes: dict = {}  # (base, flip) -> _Ref of the row softmax of that argument
+        self.const_memo: dict = {}
+        self.flops = 0  # multiply-adds of the matrix products, for reports
+        self.runtime_dims: dict = {}  # dim name -> variable
+        self.let_names: dict = {}  # base -> the name of a let bound to it (X_1, G_7): its variable
+        self._comments: dict = {}  # variable -> the binding it computes, for the reader
+        self.nodes = nodes(self.outputs.values())
+        for n in self.nodes:
+            if n.op == "let":
+                base, flip = canon(n.args[0])
+                if not flip and base not in self.let_names:
+                    name, index = n.data
+                    self.let_names[base] = name + "".join("_%d" % i for i in index)
+        self._order()
+
+    # -- names
+
+    def _fresh(self, hint: Optional[str] = None) -> str:
+        if hint is not None:
+            base = re.sub(r"\W", "_", hint)
+            if not base.isidentifier() or keyword.iskeyword(base) or base.startswith("_") or _TEMP.match(base):
+                base = "v_" + base
+            name, i = base, 1
+            while name in self.names:
+                i += 1
+                name = "%s_%d" % (base, i)
+            self.names.add(name)
+            return name
+        while True:
+            self.counter += 1
+            name = "t%d" % self.counter
+            if name not in self.names:
+                self.names.add(name)
+                return name
+
+    # -- sizes and constants
+
+    def size(self, dim) -> Optional[int]:
+        if isinstance(dim, int):
+            return dim
+        return self.sizes.get(dim)
+
+    def _guess(self, dim) -> int:
+        s = self.size(dim)
+        return s if s is not None else _GUESSED_SIZE
+
+    def _dim_code(self, dim) -> tuple:
+        """(code for the size of ``dim``, whether it is known only at call time)."""
+        s = self.size(dim)
+        if s is not None:
+            return str(s), False
+        var = self.runtime_dims.get(dim)
+        if var is None:
+            var = self.runtime_dims[dim] = self._bind_dim(dim)
+        return var, True
+
+    def _bind_dim(self, dim) -> str:
+        for stmt, shape in self._input_shapes:
+            for axis, side in enumerate(shape):
+                if side == dim:
+                    var = self._fresh("n_" + dim)
+                    self.dim_stmts.append(_Stmt(var, "%s = %s.shape[%d]" % (var, stmt, axis), ()))
+                    return var
+        raise FdslError("dim %s has no size, and no input whose shape has it: declare it with one "
+                        "(dim %s = 8) to generate code" % (dim, dim))
+
+    def _shape_code(self, shape) -> tuple:
+        parts = [self._dim_code(side) for side in shape]
+        return "(%s)" % ", ".join(p for p, _ in parts), any(r for _, r in parts)
+
+    def _constant(self, make: str, shape, hint) -> _Ref:
+        """A constant array ``np.ones(shape)``, ``np.zeros(shape)`` or ``np.eye(rows)`` (``make``),
+        at module level when its size is known."""
+        parts = [self._dim_code(side) for side in shape]
+        runtime = any(r for _, r in parts)
+        args = parts[0][0] if make == "eye" else "(%s)" % ", ".join(p for p, _ in parts)
+        var = self._fresh(hint)
+        stmt = (var, "%s = np.%s(%s)" % (var, make, args))
+        (self.runtime_consts if runtime else self.module_consts).append(stmt)
+        return _Ref(var)
+
+    def const_scalar(self, t: Term) -> Optional[float]:
+        """The value of a scalar term built only from numbers, dims with sizes and scalars with
+        constant values (``s = k^(-1/2)``), or None."""
+        if t in self.const_memo:
+            return self.const_memo[t]
+        value = None
+        if t.scalar and all(self._constant_leaf(leaf) for leaf in postorder(t) if leaf.op == "sym"):
+            from .numpy_eval import Evaluator  # lazily: only scalars need the interpreter
+
+            value = float(Evaluator({}, self.sizes).value(t)[0, 0])
+        self.const_memo[t] = value
+        return value
+
+    def _constant_leaf(self, leaf: Term) -> bool:
+        symbol = leaf.data[0]
+        if symbol.kind == "dim":
+            return self.size(symbol.name) is not None or isinstance(symbol.value, int)
+        if symbol.kind == "scalar" and isinstance(symbol.value, Term):
+            return self.const_scalar(symbol.value) is not None
+        return False
+
+    # -- the order of computation
+
+    def _summand(self, s: Term) -> tuple:
+        """(sign, broadcast, term) of a summand: ``-X`` is subtracted, ``C r`` (C a column of
+        ones, r a row) is the row r added by broadcasting."""
+        sign = 1
+        c, rest = T.coefficient(s)
+        if c == -1 and not rest.scalar:
+            sign, s = -1, rest
+        if s.op == "mul" and len(s.args) == 2 and self._ones(s.args[0]) and s.args[0].shape[1] == 1 \
+                and not s.args[1].scalar:
+            return sign, True, s.args[1]
+        return sign, False, s
+
+    @staticmethod
+    def _ones(t: Term) -> bool:
+        base, _ = canon(t)
+        return base.op == "sym" and base.data[0].value == "ones"
+
+    def _deps(self, b: Term) -> list:
+        """The bases the statement computing base ``b`` reads."""
+        if b.scalar and self.const_scalar(b) is not None:
+            return []
+        op = b.op
+        if op == "sym":
+            value = b.data[0].value
+            return [canon(value)[0]] if isinstance(value, Term) else []
+        if op == "add" and not b.scalar:
+            return [canon(self._summand(s)[2])[0] for s in b.args]
+        if op == "aa":
+            a, fa = canon(b.args[0])
+            extra = [self._softmax_nodes[(a, fa)]] if (a, fa) in self._softmax_nodes else []
+            return [a, canon(b.args[1])[0]] + extra
+        return [canon(x)[0] for x in b.args if not (x.scalar and self.const_scalar(x) is not None)]
+
+    def _order(self):
+        """Every base the outputs need, children first (iteratively: terms can be deep)."""
+        self._softmax_nodes = {}
+        for n in self.nodes:
+            if n.op == "a":
+                self._softmax_nodes.setdefault(canon(n.args[0]), n)
+        # Roots that need fewer named intermediates beneath them first: for a deep encoder, the
+        # weights of the last layer (after the forward sweep), then each layer's as soon as its
+        # adjoint G_i is known, so that the values of a layer can be freed once it is done.
+        rank: dict = {}
+        for n in self.nodes:
+            rank[n] = max((rank[c] for c in n.args), default=0) + (n.op == "let")
+        roots = sorted(self.outputs.values(), key=lambda t: rank[t])
+        order, seen = [], set()
+        stack = [(canon(t)[0], False) for t in reversed(roots)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            for child in reversed(self._deps(node)):
+                if child not in seen:
+                    stack.append((child, False))
+        self.order = order
+        # the words of all products, to share their sub-words (counted once per product)
+        self.uid = {b: i for i, b in enumerate(order)}
+        self.counts: dict = {}
+        self.words: dict = {}
+        for b in order:
+            if b.op == "mul" and not b.scalar:
+                word = self._word(b)[2]
+                self.words[b] = word
+                keys = set()
+                for i in range(len(word)):
+                    for j in range(i + 1, len(word)):
+                        keys.add(self._key(word[i:j + 1])[0])
+                for k in keys:
+                    self.counts[k] = self.counts.get(k, 0) + 1
+        self._storage()
+        # inputs: read first, so that dims known only at call time can be taken from their shapes
+        self._input_shapes = []
+        for b in order:
+            if b.op == "sym" and self._is_input(b):
+                self.refs[b] = self._input(b)
+
+    def _storage(self):
+        """Which bases to compute transposed: ``mm(A, B)`` is computed in the frame where the mask
+        of A is stored contiguously, and a product or sum B is computed in that frame too (either
+        orientation costs the same), so the elementwise product reads both operands in order. A
+        product that is an output is computed in the orientation it is returned in."""
+        self.store_flip: dict = {}
+        for t in self.outputs.values():  # outputs come out contiguous, when they are products
+            b, f = canon(t)
+            if b.op == "mul":
+                self.store_flip.setdefault(b, f)
+        for b in reversed(self.order):  # consumers before producers
+            if b.op != "mm":
+                continue
+            a, fa = canon(b.args[0])
+            frame = fa ^ self.store_flip.get(a, False)
+            x, fx = canon(b.args[1])
+            if x.op in ("mul", "add") and x not in self.store_flip:
+                self.store_flip[x] = fx ^ frame
+
+    # -- words of products
+
+    def _word(self, b: Term) -> tuple:
+        """(numeric coefficient, scalar factors, matrix word) of a product."""
+        coeff = 1.0
+        scalars, word = [], []
+        for f in b.args:
+            if f.scalar:
+                c = self.const_scalar(f)
+                if c is not None:
+                    coeff *= c
+                else:
+                    scalars.append(f)
+            else:
+                word.append(canon(f))
+        return coeff, scalars, word
+
+    def _key(self, word) -> tuple:
+        """(canonical key of a word up to transposition, whether the word is its transpose)."""
+        key = tuple((self.uid[b], f) for b, f in word)
+        tkey = tuple((u, not f) for u, f in reversed(key))
+        return (key, False) if key <= tkey else (tkey, True)
+
+    def _oriented_shape(self, factor) -> tuple:
+        b, f = factor
+        r, c = b.shape
+        return (c, r) if f else (r, c)
+
+    # -- emission
+
+    def lower(self):
+        for b in self.order:
+            if b not in self.refs:
+                self.refs[b] = self._emit(b)
+        results = {}
+        for name, t in self.outputs.items():
+            ref = self.ref(t)
+            if ref.scalar:
+                shape, _ = self._shape_code(t.shape)
+                results[name] = ("np.full(%s, %s)" % (shape, ref.var), (ref.var,))
+            elif ref.var in self._module_vars() or ref.var in self._runtime_const_vars():
+                results[name] = ("%s.copy()" % ref.expr(), (ref.var,))  # never hand out a constant
+            else:
+                results[name] = (ref.expr(), (ref.var,))
+        return results
+
+    def ref(self, t: Term) -> _Ref:
+        b, f = canon(t)
+        if t.scalar:
+            c = self.const_scalar(t)
+            if c is not None:
+                return _Ref(repr(c), False, True)
+        r = self.refs[b]
+        return r.t() if f else r
+
+    def _emit_stmt(self, target, code, uses):
+        self.body.append(_Stmt(target, code, tuple(u for u in uses if u.isidentifier())))
+
+    def _new(self, b: Optional[Term], code_of_target, uses, scalar=False, flip=False) -> _Ref:
+        var = self._fresh(self._hint(b))
+        self._emit_stmt(var, code_of_target(var), uses)
+        return _Ref(var, flip, scalar)
+
+    def _hint(self, b: Optional[Term]) -> Optional[str]:
+        return self.let_names.get(b)
+
+    def _is_input(self, b: Term) -> bool:
+        symbol = b.data[0]
+        return symbol.kind != "dim" and symbol.value is None
+
+    def _input(self, b: Term) -> _Ref:
+        symbol, shape = b.data
+        name = symbol.printed()
+        var = self._fresh(name)
+        if symbol.kind == "scalar":
+            self.inputs.append(_Stmt(var, "%s = float(np.asarray(values[%r]).reshape(()))" % (var, name), ()))
+            return _Ref(var, False, True)
+        self._input_shapes.append((var, shape))
+        known = [self.size(side) for side in shape]
+        shape_code = "(%s)" % ", ".join(str(s) for s in known) if None not in known else "None"
+        self.inputs.append(_Stmt(var, "%s = _input(values, %r, %s)" % (var, name, shape_code), ()))
+        return _Ref(var)
+
+    def _emit(self, b: Term) -> _Ref:
+        if b.scalar:
+            c = self.const_scalar(b)
+            if c is not None:
+                return _Ref(repr(c), False, True)
+        op = b.op
+        if op == "sym":
+            return self._symbol(b)
+        if op == "num":
+            return _Ref(repr(float(b.data)), False, True)
+        if op == "zero":
+            return self._constant("zeros", b.data, "zeros")
+        if op == "eye":
+            return self._constant("eye", (b.data, b.data), "eye")
+        if op == "d":
+            raise FdslError("cannot generate code for %s: a differential has no numeric value; generate "
+                            "the coefficients of a normal form instead" % _short(b))
+        if b.scalar:
+            return self._scalar_op(b)
+        if op == "mul":
+            return self._product(b)
+        if op == "add":
+            return self._sum(b)
+        if op == "mm":
+            return self._mm(b)
+        if op == "aa":
+            return self._aa(b)
+        if op == "a":
+            a, fa = canon(b.args[0])
+            ref = self._template(b)
+            self.softmaxes.setdefault((a, fa), ref)
+            return ref
+        return self._template(b)
+
+    def _symbol(self, b: Term) -> _Ref:
+        symbol, shape = b.data
+        if symbol.kind == "dim":
+            code, _ = self._dim_code(symbol.name)
+            return _Ref("float(%s)" % code, False, True)
+        if symbol.value == "ones":
+            return self._constant("ones", shape, symbol.printed())
+        if symbol.value == "identity":
+            return self._constant("eye", shape, symbol.printed())
+        if isinstance(symbol.value, Term):
+            return self.ref(symbol.value)
+        return self.refs[b]
+
+    def _scalar_op(self, b: Term) -> _Ref:
+        args = [self.ref(x) for x in b.args]
+        uses = [a.var for a in args]
+        if b.op == "add":
+            code = " + ".join("(%s)" % a.var for a in args)
+        elif b.op == "mul":
+            code = " * ".join("(%s)" % a.var for a in args)
+        elif b.op == "pow":
+            code = "(%s) ** %r" % (args[0].var, float(b.data))
+        elif b.op == "trace":
+            code = "float(np.trace(%s))" % args[0].expr()
+        else:  # a template on 1 x 1 arrays, read back as a number
+            arrays = [_Ref("np.full((1, 1), %s)" % a.var) if a.scalar else a for a in args]
+            code = "_as_float(%s)" % self._template_code(b, arrays)
+        return self._new(b, lambda v: "%s = %s" % (v, code), uses, scalar=True)
+
+    def _template_code(self, b: Term, args) -> str:
+        spec = OPS.get(b.op)
+        if spec is None or spec.numpy is None:
+            raise FdslError("operator %s has no numpy implementation, so code cannot be generated for %s"
+                            % (b.op, _short(b)))
+        exprs = [a.expr() for a in args]
+        data = repr(float(b.data)) if isinstance(b.data, Fraction) else repr(b.data)
+        try:
+            return spec.numpy.format(*exprs, args=", ".join(exprs), args_sum=" + ".join(exprs),
+                                     args_had=" * ".join(exprs), value=data, exponent=data)
+        except (KeyError, IndexError) as e:
+            raise FdslError("the numpy template of operator %s, %r, uses an unknown placeholder %s"
+                            % (b.op, spec.numpy, e)) from None
+
+    def _template(self, b: Term) -> _Ref:
+        args = [self.ref(x) for x in b.args]
+        code = self._template_code(b, args)
+        return self._new(b, lambda v: "%s = %s" % (v, code), [a.var for a in args])
+
+    # -- products
+
+    def _product(self, b: Term) -> _Ref:
+        coeff, scalars, word = self._word(b)
+        flip = self.store_flip.get(b, False)
+        if flip:  # compute the transpose: the reversed word, each factor transposed
+            word = [(x, not f) for x, f in reversed(word)]
+        scale = [repr(coeff)] if coeff != 1.0 else []
+        scale += [self.ref(s).var for s in scalars]
+        scale_code = " * ".join(scale)
+        if len(word) == 1:
+            x = self._factor(word[0])
+            if not scale:
+                return x.t() if flip else x
+            code = ("-%s" % x.expr()) if scale_code == "-1.0" else "%s * %s" % (scale_code, x.expr())
+            return self._new(b, lambda v: "%s = %s" % (v, code), [x.var] + scale, flip=flip)
+        split = self._plan(word)
+        key, _ = self._key(word)
+        if not scale:
+            ref = self._interval(word, split, 0, len(word) - 1, self._hint(b))
+            return ref.t() if flip else ref
+        if key in self.avail or self.counts.get(key, 1) > 1:
+            # the unscaled product is (or will be) shared: compute it once, scale a copy
+            whole = self._interval(word, split, 0, len(word) - 1)
+            return self._new(b, lambda v: "%s = %s * %s" % (v, scale_code, whole.expr()),
+                             [whole.var] + scale, flip=flip)
+        s = split[0][len(word) - 1]
+        left = self._interval(word, split, 0, s)
+        right = self._interval(word, split, s + 1, len(word) - 1)
+        rows, inner, cols = (self._guess(d) for d in (self._oriented_shape(word[0])[0],
+                                                       self._oriented_shape(word[s])[1],
+                                                       self._oriented_shape(word[-1])[1]))
+        self.flops += rows * inner * cols
+        sizes = {"left": rows * inner, "right": inner * cols, "out": rows * cols}
+        where = min(sizes, key=sizes.get)
+        lhs, rhs = left.expr(), right.expr()
+        uses = [left.var, right.var] + scale
+        if where == "left":
+            lhs = "(%s * %s)" % (scale_code, lhs)
+        elif where == "right":
+            rhs = "(%s * %s)" % (scale_code, rhs)
+        if where != "out":
+            return self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
+                                                                       left, right)), uses, flip=flip)
+        ref = self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
+                                                                  left, right)), uses, flip=flip)
+        self._emit_stmt(ref.var, "%s *= %s" % (ref.var, scale_code), [ref.var] + scale)
+        return ref
+
+    def _factor(self, factor) -> _Ref:
+        b, f = factor
+        r = self.refs[b]
+        return r.t() if f else r
+
+    def _plan(self, word) -> list:
+        """split[i][j]: where the cheapest bracketing of word[i..j] splits it (None: available)."""
+        m = len(word)
+        p = [self._guess(self._oriented_shape(word[0])[0])] + [self._guess(self._oriented_shape(f)[1]) for f in word]
+        cost = [[0.0] * m for _ in range(m)]
+        split = [[None] * m for _ in range(m)]
+        for length in range(2, m + 1):
+            for i in range(m - length + 1):
+                j = i + length - 1
+                key, _ = self._key(word[i:j + 1])
+                if key in self.avail:
+                    continue  # already computed: free
+                best, where = None, None
+                for s in range(i, j):
+                    c = cost[i][s] + cost[s + 1][j] + p[i] * p[s + 1] * p[j + 1]
+                    if best is None or c < best:
+                        best, where = c, s
+                cost[i][j] = best / self.counts.get(key, 1)
+                split[i][j] = where
+        return split
+
+    def _interval(self, word, split, i, j, hint=None) -> _Ref:
+        if i == j:
+            return self._factor(word[i])
+        key, rel = self._key(word[i:j + 1])
+        if key in self.avail:
+            var, f = self.avail[key]
+            return _Ref(var, f ^ rel)
+        s = split[i][j]
+        left = self._interval(word, split, i, s)
+        right = self._interval(word, split, s + 1, j)
+        self.flops += (self._guess(self._oriented_shape(word[i])[0]) * self._guess(self._oriented_shape(word[s])[1])
+                       * self._guess(self._oriented_shape(word[j])[1]))
+        var = self._fresh(hint)
+        code = self._matmul(left.expr(), right.expr(), word[i:s + 1], word[s + 1:j + 1], left, right)
+        self._emit_stmt(var, "%s = %s" % (var, code), [left.var, right.var])
+        self.avail[key] = (var, rel)
+        return _Ref(var)
+
+    def _matmul(self, lhs, rhs, lword, rword, left, right) -> str:
+        """``lhs @ rhs``, or a row or column sum when one side is a single vector of ones."""
+        if len(rword) == 1 and self._ones_factor(rword[0]) and self._oriented_shape(rword[0])[1] == 1:
+            return self._sum_axis(left, 1, lhs)
+        if len(lword) == 1 and self._ones_factor(lword[0]) and self._oriented_shape(lword[0])[0] == 1:
+            return self._sum_axis(right, 0, rhs)
+        return "%s @ %s" % (lhs, rhs)
+
+    @staticmethod
+    def _ones_factor(factor) -> bool:
+        b, _ = factor
+        return b.op == "sym" and b.data[0].value == "ones"
+
+    @staticmethod
+    def _sum_axis(ref: _Ref, axis: int, expr: str) -> str:
+        if expr != ref.expr():  # scaled: sum the expression as it is
+            return "(%s).sum(axis=%d, keepdims=True)" % (expr, axis)
+        if ref.flip:  # sum the stored array along the other axis: contiguous, then a view
+            return "%s.sum(axis=%d, keepdims=True).T" % (ref.var, 1 - axis)
+        return "%s.sum(axis=%d, keepdims=True)" % (ref.var, axis)
+
+    # -- sums and the derivatives of relu and softmax
+
+    def _sum(self, b: Term) -> _Ref:
+        flip = self.store_flip.get(b, False)
+        parts = []
+        for s in b.args:
+            sign, broadcast, t = self._summand(s)
+            ref = self.ref(t)
+            if flip:
+                ref = ref.t()
+            parts.append((broadcast, sign < 0, ref))
+        parts.sort(key=lambda p: (p[0], p[1]))  # full positive, full negative, rows: the first is full
+        broadcast0, negative0, first = parts[0]
+        uses = [r.var for _, _, r in parts]
+        if broadcast0:  # only rows: start from zeros
+            shape, _ = self._shape_code(b.shape if not flip else b.shape[::-1])
+            head, rest = "np.zeros(%s)" % shape, parts
+        elif negative0:
+            head, rest = "-%s" % first.expr(), parts[1:]
+        else:
+            (_, neg1, second), rest = parts[1], parts[2:]
+            head = "%s %s %s" % (first.expr(), "-" if neg1 else "+", second.expr())
+        ref = self._new(b, lambda v: "%s = %s" % (v, head), uses, flip=flip)
+        for _, negative, r in rest:
+            self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
+        return ref
+
+    def _mask(self, a: Term) -> _Ref:
+        """The mask ``a > 0`` of a base, as stored (flip as the base's storage)."""
+        stored = self.refs[a]
+        var = self.masks.get(a)
+        if var is None:
+            var = self.masks[a] = self._fresh("mask_" + stored.var if stored.var.isidentifier() else None)
+            self._emit_stmt(var, "%s = %s > 0" % (var, stored.var), [stored.var])
+        return _Ref(var, stored.flip)
+
+    def _mm(self, b: Term) -> _Ref:
+        a, fa = canon(b.args[0])
+        mask = self._mask(a)
+        if fa:
+            mask = mask.t()
+        flip = mask.flip  # compute in the frame where the mask is contiguous
+        x = self.ref(b.args[1])
+        if flip:
+            x = x.t()
+        return self._new(b, lambda v: "%s = %s * %s" % (v, mask.var, x.expr()), [mask.var, x.var], flip=flip)
+
+    def _aa(self, b: Term) -> _Ref:
+        a, fa = canon(b.args[0])
+        s = self.softmaxes.get((a, fa))
+        if s is None:  # no a(A) in the forward sweep: the softmax once per distinct A
+            arg = self.ref(b.args[0])
+            s = self._new(None, lambda v: "%s = _softmax(%s)" % (v, arg.expr()), [arg.var])
+            self.softmaxes[(a, fa)] = s
+        x = self.ref(b.args[1])
+        return self._new(b, lambda v: "%s = _aa_given(%s, %s)" % (v, s.expr(), x.expr()), [s.var, x.var])
+
+    # -- the module
+
+    def _module_vars(self) -> set:
+        return {v for v, _ in self.module_consts}
+
+    def _runtime_const_vars(self) -> set:
+        return {v for v, _ in self.runtime_consts}
+
+    def function_body(self, results) -> list:
+        """The lines of ``grads``'s body: inputs, dims, constants, the sweep with deletions, return."""
+        lines = [s.code for s in self.inputs] + [s.code for s in self.dim_stmts]
+        lines += [code for _, code in self.runtime_consts]
+        keep = set(v for v, _ in self.module_consts) | {s.target for s in self.inputs}
+        keep |= {s.target for s in self.dim_stmts} | self._runtime_const_vars()
+        returned = {u for _, uses in results.values() for u in uses}
+        last = {}
+        for i, s in enumerate(self.body):
+            for u in s.uses:
+                last[u] = i
+        for i, s in enumerate(self.body):
+            comment = self._comments.get(s.target) if s.target and s.code.startswith(s.target + " = ") else None
+            if comment:
+                lines.append("# " + comment)
+            lines.append(s.code)
+            dead = sorted({u for u in s.uses if last.get(u) == i and u not in keep and u not in returned
+                           and u != s.target})
+            if dead:
+                lines.append("del " + ", ".join(dead))
+        items = ["%r: %s" % (name, code) for name, (code, _) in results.items()]
+        lines.append("return {%s}" % ", ".join(items) if len(items) < 2 else
+                     "return {\n" + "".join("    %s,\n" % i for i in items) + "}")
+        return lines
+
+    def source(self, docstring: str) -> str:
+        """The generated module."""
+        results = self.lower()
+        for base, name in self.let_names.items():
+            ref = self.refs.get(base)
+            if ref is not None and not ref.scalar:
+                self._comments.setdefault(ref.var, "%s := %s" % (name, _short(base, 110)))
+        out = ['"""%s"""' % docstring.replace('"""', "'''"), "", "import numpy as np", "", ""]
+        out.append("# ---- runtime helpers (fdsl.backends.numpy_runtime) " + "-" * 44)
+        out.append("")
+        out.append(runtime_helpers())
+        out.append("")
+        out.append("")
+        out.append("# ---- constants " + "-" * 80)
+        out.append("")
+        out.extend(code for _, code in self.module_consts)
+        out.append("")
+        out.append("")
+        out.append("def grads(values: dict) -> dict:")
+        out.append('    """Every gradient G_W^t of the form, by printed weight name; values: arrays by printed '
+                   'name."""')
+        out.extend(("    " + line).rstrip() if "\n" not in line else _indent(line)
+                   for line in self.function_body(results))
+        out.append("")
+        return "\n".join(out)
+
+
+def _indent(block: str) -> str:
+    return "\n".join(("    " + line).rstrip() for line in block.split("\n"))
+
+
+_EXTRA_HELPERS = '''
+
+def _input(values, name, shape):
+    """values[name] as a float64 matrix of the declared shape (as given when it already is one)."""
+    x = values[name]
+    if type(x) is not np.ndarray or x.dtype != np.float64 or (shape is not None and x.shape != shape):
+        x = np.asarray(x, dtype=np.float64)
+        if shape is not None and x.shape != shape:
+            if x.size != shape[0] * shape[1]:
+                raise ValueError("%s has shape %s, not %s" % (name, x.shape, shape))
+            x = x.reshape(shape)
+        elif x.ndim != 2:
+            raise ValueError("%s has shape %s: values are matrices" % (name, x.shape))
+    return x
+
+
+def _as_float(x):
+    return float(np.asarray(x).reshape(()))
+'''
+
+
+def runtime_helpers() -> str:
+    """The runtime helpers' source (without their module docstring and import), and the generated
+    module's own input helpers."""
+    source = inspect.getsource(numpy_runtime)
+    tree = ast.parse(source)
+    first = next(n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+                 and not isinstance(n, (ast.Import, ast.ImportFrom)))
+    lines = source.splitlines()[first.lineno - 1:]
+    return "\n".join(lines).rstrip() + "\n" + _EXTRA_HELPERS.rstrip()
+
+
+# ---- the API: source, compiled function ---------------------------------------------------------
+
+
+def generate(outputs: Mapping, dims: Optional[Mapping] = None, docstring: str = "Generated by fdsl.") -> str:
+    """The source of a standalone module whose ``grads(values)`` returns the outputs' values."""
+    return Lowering(outputs, dims).source(docstring)
+
+
+def gradients_source(w: Term, dims: Optional[Mapping] = None, origin: str = "") -> str:
+    """The source of a module computing every gradient G_W^t of the normal form ``w``."""
+    outputs = gradient_terms(w)
+    lines = ["Gradients generated by fdsl codegen%s." % (" from %s" % origin if origin else ""), ""]
+    lines.append("grads(values) returns, for every weight W of the normal form w = sum_W trace(G_W d(W)),")
+    lines.append("its gradient G_W^t (shaped like W), by printed name: %s." % _wrap(", ".join(outputs)))
+    lines.append("For w = form(E) = -trace(E^t d(E)) that is -dL/dW for L = 1/2 ||E||^2, the descent direction.")
+    lines.append("")
+    lines.append("values: float64 arrays by printed symbol name (2-d, the declared shapes; scalars as numbers).")
+    needed = sorted({n.data[0].printed() for n in nodes(outputs.values())
+                     if n.op == "sym" and n.data[0].kind != "dim" and n.data[0].value is None})
+    lines.append("Needed: %s." % _wrap(", ".join(needed)))
+    known = {k: v for k, v in (dims or {}).items() if isinstance(v, int)}
+    if known:
+        lines.append("Dims baked in: %s." % ", ".join("%s = %d" % kv for kv in sorted(known.items())))
+    lines.append("One forward and one backward sweep: each distinct subterm once, in topological order.")
+    lines.append("Imports only numpy.")
+    return generate(outputs, dims, "\n".join(lines) + "\n")
+
+
+def _wrap(s: str, width: int = 96) -> str:
+    out, line = [], ""
+    for word in s.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = word
+        else:
+            line = (line + " " + word) if line else word
+    out.append(line)
+    return "\n    ".join(out)
+
+
+_COMPILED: dict = {}
+
+
+def compile_source(source: str, filename: str = "<fdsl generated>"):
+    """Execute generated source in a fresh namespace; its ``grads`` function."""
+    namespace: dict = {"__name__": "fdsl_generated"}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["grads"]
+
+
+def compile_gradients(w: Term, dims: Optional[Mapping] = None):
+    """``grads(values) -> {printed weight name: G_W^t}`` for the normal form ``w``, from the same
+    generated source as ``fdsl codegen`` (cached per form and dims)."""
+    key = (w, tuple(sorted((k, v) for k, v in (dims or {}).items() if isinstance(v, int))))
+    fn = _COMPILED.get(key)
+    if fn is None:
+        if len(_COMPILED) > 64:
+            _COMPILED.clear()
+        fn = _COMPILED[key] = compile_source(gradients_source(w, dims))
+    return fn
+
+
+# ---- fdsl codegen FILE --form NAME -o grads.py ---------------------------------------------------
+
+
+def normal_form_of(program, value, name: str) -> Term:
+    """The value of ``--form NAME`` as a normal form: as it is when it already is one, else through
+    the strategy ``backprop`` (the shared normal form: generated code stays linear in depth)."""
+    if not isinstance(value, Term) or not value.scalar or not value.has_d:
+        raise FdslError("%s is not a scalar 1-form (write e.g. w = form(E) in the file)" % name, file="--form")
+    if is_normal_form(value):
+        return value
+    return program.apply_rules("backprop", value)
+
+
+def _cmd_codegen(args) -> int:
+    from ..program import load
+
+    program = load(args.file, rules=args.rules or ())
+    name = args.form
+    if name in program.clauses and name not in program.definitions:
+        raise FdslError("%s is a parameterised definition; --form takes a 1-form, e.g. a definition "
+                        "w = form(E)" % name, file="--form")
+    try:
+        value = program.expr(name)
+    except FdslError as e:
+        if e.file == "<expr>":
+            e.file, e.line, e.col, e.source = "--form %s" % name, None, None, None
+        raise
+    w = normal_form_of(program, value, name)
+    if not forms.normal_terms(w):
+        raise FdslError("%s is 0: it has no gradients to generate code for" % name, file="--form")
+    origin = "form %s of %s" % (name, args.file)
+    source = gradients_source(w, program.dims, origin)
+    out = Path(args.output)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix="." + out.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            os.replace(tmp, out)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise FdslError("cannot write the generated code: %s" % (e.strerror or e), file=str(out)) from None
+    print("wrote %s: grads(values) for %d weight%s" % (out, len(gradient_terms(w)),
+                                                      "" if len(gradient_terms(w)) == 1 else "s"))
+    return 0
+
+
+@subcommand
+def _register(sub):
+    p = sub.add_parser("codegen", help="write a standalone numpy module computing every gradient of a 1-form")
+    p.add_argument("file")
+    p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) or an "
+                   "expression; normalised with backprop unless it already is a normal form")
+    p.add_argument("-o", "--output", required=True, metavar="grads.py", help="where to write the module")
+    p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    p.set_defaults(func=_cmd_codegen)
