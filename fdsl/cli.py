@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 _SUBCOMMANDS: list = []
 
 # Modules that add subcommands with @subcommand; imported when the parser is built.
-SUBCOMMAND_MODULES: list[str] = ["fdsl.repl", "fdsl.backends.graphviz", "fdsl.backends.codegen"]
+SUBCOMMAND_MODULES: list[str] = ["fdsl.repl", "fdsl.backends.graphviz", "fdsl.backends.numpy_grad",
+                                 "fdsl.check", "fdsl.train", "fdsl.backends.codegen"]
 
 
 def subcommand(register):

@@ -39,7 +39,7 @@ DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway
 # Modules that register built-in functions (@function) and statements; imported once, on the
 # first Program. The core (terms, ops, rewrite, forms) never imports a backend itself.
 FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.forms", "fdsl.backprop", "fdsl.backends.graphviz", "fdsl.backends.numpy_eval",
-                               "fdsl.backends.numpy_grad"]
+                               "fdsl.backends.numpy_grad", "fdsl.train"]
 _loaded = False
 
 

@@ -195,7 +195,11 @@ def form_named(program, name: str) -> Term:
         if e.file == "<expr>":
             e.file, e.line, e.col, e.source = "--form %s" % name, None, None, None
         raise
-    return check_one_form(value, name)
+    try:
+        return check_one_form(value, name)
+    except FdslError as e:
+        e.file = e.file or "--form %s" % name
+        raise
 
 
 def check_given(program, terms, source: Optional[str]) -> None:
