@@ -22,7 +22,6 @@ tests/test_grad.py holds them against finite differences of the loss.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Optional
 
