@@ -46,7 +46,7 @@ from .cli import subcommand
 from .errors import FdslError
 from .ops import ShapeError
 from .printers import text
-from .rewrite import PREDICATES, Rule, _arg
+from .rewrite import PREDICATES, Rule, guard_value
 from .terms import Symbol, Term
 
 TOLERANCE = 1e-6  # the finite differences agree to about 1e-9; a wrong rule is off by O(1)
@@ -515,7 +515,7 @@ def _trial(rule: Rule, needs, compound, rng) -> float:
         raise Reject("the left side built is not an instance of the pattern")
     for negated, pred, arg in rule.guards:
         try:
-            holds = PREDICATES[pred][0](_arg(arg, b))
+            holds = PREDICATES[pred][0](guard_value(arg, b))
         except (ShapeError, ValueError) as e:
             raise Reject("a guard cannot be evaluated: %s" % e)
         if holds == negated:

@@ -64,11 +64,14 @@ class Rule:
     file: str
     line: int
     ruleset: str
+    source: str = ""  # the rule as written in its file
 
     def where(self) -> str:
         return "%s:%d" % (self.file, self.line)
 
     def __str__(self):
+        if self.source:
+            return self.source
         g = ""
         if self.guards:
             g = " when " + ", ".join(("not " if n else "") + "%s(%s)" % (p, a)
@@ -78,7 +81,7 @@ class Rule:
     def apply(self, t: Term):
         """The first rewrite of ``t`` by this rule that changes it, or None."""
         for b in match(self.lhs, t, {}):
-            if not all(PREDICATES[p][0](_arg(a, b)) != neg for neg, p, a in self.guards):
+            if not all(PREDICATES[p][0](guard_value(a, b)) != neg for neg, p, a in self.guards):
                 continue
             try:
                 r = build(self.rhs, b)
@@ -95,7 +98,8 @@ class Rule:
         return None
 
 
-def _arg(a, b):
+def guard_value(a, b):
+    """What a guard's argument pattern stands for under bindings ``b`` (a Term, or a Run)."""
     name = getattr(a, "name", None)
     return b[name] if name is not None else build(a, b)
 

@@ -314,7 +314,7 @@ class RuleBook:
             elif kind == "rule":
                 if current is None:
                     raise err("rule %s stands outside a ruleset: start one with 'ruleset NAME'" % item["name"], item)
-                current.rules.append(self._compile_rule(item, current.name, display, err))
+                current.rules.append(self._compile_rule(item, current.name, display, err, text))
             elif kind == "strategy":
                 name = item["name"]
                 self._check_free_name(name, "strategy", err, item)
@@ -369,7 +369,7 @@ class RuleBook:
                         numpy=opts["numpy"], latex=opts["latex"], doc=opts["doc"] or "user operator %s" % name,
                         user=True, params=tuple(params)))
 
-    def _compile_rule(self, item, ruleset, display, err) -> Rule:
+    def _compile_rule(self, item, ruleset, display, err, text) -> Rule:
         name = item["name"]
         if (ruleset, name) in self.rule_names:
             first = self.rule_names[(ruleset, name)]
@@ -407,7 +407,8 @@ class RuleBook:
             if len(gargs) != 1:
                 raise FdslError("predicate %s takes one argument" % pred, display, line, col)
             guards.append((negated, pred, gargs[0]))
-        rule = Rule(name, lhs, rhs, tuple(guards), display, item["line"], ruleset)
+        source = " ".join(text.splitlines()[item["line"] - 1].split())
+        rule = Rule(name, lhs, rhs, tuple(guards), display, item["line"], ruleset, source)
         self.rule_names[(ruleset, name)] = rule
         return rule
 
