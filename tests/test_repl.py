@@ -139,16 +139,22 @@ def test_up_arrow_recalls_and_reruns_the_previous_input(terminal):
     assert t.run("shape(X)") == "(n x d)\n"
     t.keys("\x1b[A")  # up: shape(X)
     t.keys("\x1b[A")  # up again: 6*7
+    t.child.expect(r"\*7")  # on the screen (prompt_toolkit redraws only what changed), then Enter
     assert t.run("") == "42\n"
 
 
 def test_tab_completes_declared_names_and_commands(terminal):
     t = terminal("examples/encoder2.fd")
-    t.keys("enco\t")  # -> encoder(
+    # completion is asynchronous in prompt_toolkit: wait for what it adds to appear on the screen
+    # (prompt_toolkit redraws only what changed) before typing on
+    t.keys("enco\t")
+    t.child.expect(r"der\(")
     assert t.run("1)") == ENCODER1 + "\n"
-    t.keys("lay\t")  # -> layer(
+    t.keys("lay\t")
+    t.child.expect(r"er\(")
     assert t.run("0, X)") == ENCODER1 + "\n"
-    t.keys(":he\t")  # -> :help
+    t.keys(":he\t")
+    t.child.expect("lp")
     assert t.run("string").startswith("string(E)\n")
 
 
@@ -177,11 +183,16 @@ def test_history_is_kept_across_sessions(terminal, tmp_path):
     assert first.quit_with("\x04") == 0  # Ctrl-D: a :quit would be the newest history entry
     assert "show 1234 + 1" in (tmp_path / "history").read_text()
     second = terminal()
-    second.keys("\x1b[A")
+    for _ in range(TIMEOUT):  # prompt_toolkit loads the history file in the background: press up until it is there
+        second.keys("\x1b[A")
+        if second.child.expect([r"show 1234 \+ 1", pexpect.TIMEOUT], timeout=1) == 0:
+            break
+    else:
+        pytest.fail("the up-arrow did not recall the previous session's input")
     assert second.run("") == "1235\n"
     assert second.run("6*7") == "42\n"
     second.keys("\x12" + "1234")  # Ctrl-R: search back for 1234
-    second.child.expect("1234")
+    second.child.expect(r"\+ 1")  # the line found is on the screen
     second.keys("\r")  # Enter ends the search with the line found; the next Enter runs it
     assert second.run("") == "1235\n"
 
