@@ -38,18 +38,27 @@ class Write:
     note: str = ""
 
     def perform(self, out, program):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix="." + self.path.name + ".", suffix=self.path.suffix)
-        os.close(fd)
-        try:
-            self.write(Path(tmp))
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(self.path, self.write)
         if self.note:
             out.write(self.note + "\n")
+
+
+def atomic_write(path: Path, write: Callable) -> None:
+    """Write a file all at once: ``write(tmp)`` fills a temporary file beside ``path``, which is
+    then renamed over it, so a failure leaves the old file (or none), never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written file gets the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass(frozen=True)
