@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl import terms as T
+from fdsl.errors import FdslError
 from fdsl.backends import codegen
 from fdsl.backends.numpy_eval import Evaluator
 from fdsl.forms import coeff, form, weights
@@ -220,8 +220,21 @@ def test_inputs_are_conformed_or_refused():
     vals = values(p, weights(shared(p)), seed=3)
     flat = dict(vals, b_0=vals["b_0"].ravel().tolist())  # a row given as a flat list
     assert max(errors(fn(flat), fn(vals)).values()) == 0.0
-    with pytest.raises(ValueError, match="X0 has shape"):
+    with pytest.raises(FdslError, match="X0 has shape"):
         fn(dict(vals, X0=np.zeros((3, 3))))
+    with pytest.raises(FdslError, match="Y has no value"):
+        fn({k: v for k, v in vals.items() if k != "Y"})
+    with pytest.raises(ValueError, match="X0 has shape"):  # the module itself, without fdsl around it
+        fn.generated(dict(vals, X0=np.zeros((3, 3))))
+
+
+def test_without_dims_every_size_comes_from_the_values():
+    p = program(2)
+    w = shared(p)
+    vals = values(p, weights(w), seed=4)
+    got = codegen.compile_gradients(w)(vals)
+    assert "n_n = " in codegen.compile_gradients(w).source
+    assert max(errors(got, interpreted(p, w, vals)).values()) <= EXACT
 
 
 def test_operators_from_rule_files_lower_through_their_templates(tmp_path):

@@ -54,7 +54,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
 
-import numpy as np
 
 from . import numpy_runtime
 from .. import forms
@@ -862,14 +861,31 @@ def compile_source(source: str, filename: str = "<fdsl generated>"):
 
 def compile_gradients(w: Term, dims: Optional[Mapping] = None):
     """``grads(values) -> {printed weight name: G_W^t}`` for the normal form ``w``, from the same
-    generated source as ``fdsl codegen`` (cached per form and dims)."""
+    generated source as ``fdsl codegen`` (cached per form and dims). Dims not given (or without a
+    size) are read off the shapes of the values. A missing value or a value of the wrong shape is
+    an FdslError; ``grads.source`` is the generated module, ``grads.generated`` its function."""
     key = (w, tuple(sorted((k, v) for k, v in (dims or {}).items() if isinstance(v, int))))
     fn = _COMPILED.get(key)
     if fn is None:
         if len(_COMPILED) > 64:
             _COMPILED.clear()
-        fn = _COMPILED[key] = compile_source(gradients_source(w, dims))
+        source = gradients_source(w, dims)
+        fn = _COMPILED[key] = _checked(compile_source(source), source)
     return fn
+
+
+def _checked(generated, source):
+    def grads(values):
+        try:
+            return generated(values)
+        except KeyError as e:
+            raise FdslError("%s has no value: give values with 'values \"FILE.npz\"' (or --values), or "
+                            "random ones with 'random SEED' (or --random)" % e.args[0]) from None
+        except ValueError as e:
+            raise FdslError("the values do not fit the form: %s" % e) from None
+
+    grads.source, grads.generated = source, generated
+    return grads
 
 
 # ---- fdsl codegen FILE --form NAME -o grads.py ---------------------------------------------------

@@ -27,8 +27,10 @@ import numpy as np
 def _softmax(A):
     """Row-wise softmax, stable: the row maximum is subtracted before exponentiating."""
     A = np.asarray(A, dtype=np.float64)
-    e = np.exp(A - A.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    e = A - A.max(axis=1, keepdims=True)
+    np.exp(e, out=e)  # in place: one n x n array instead of three
+    e /= e.sum(axis=1, keepdims=True)
+    return e
 
 
 def _mm(A, B):
