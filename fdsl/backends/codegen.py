@@ -723,7 +723,8 @@ class Lowering:
 
     def function_body(self, results) -> list:
         """The lines of ``grads``'s body: inputs, dims, constants, the sweep with deletions, return."""
-        lines = [s.code for s in self.inputs] + [s.code for s in self.dim_stmts]
+        inputs = sorted(self.inputs, key=lambda s: _natural(s.target))
+        lines = [s.code for s in inputs] + [s.code for s in self.dim_stmts]
         lines += [code for _, code in self.runtime_consts]
         keep = set(v for v, _ in self.module_consts) | {s.target for s in self.inputs}
         keep |= {s.target for s in self.dim_stmts} | self._runtime_const_vars()
@@ -771,6 +772,11 @@ class Lowering:
                    for line in self.function_body(results))
         out.append("")
         return "\n".join(out)
+
+
+def _natural(s: str) -> tuple:
+    """A sort key that puts Q_2 before Q_10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", s))
 
 
 def _indent(block: str) -> str:
