@@ -36,7 +36,7 @@ from ..functions import as_term, describe, function
 from ..printers import text
 from ..statements import Write
 from ..terms import Term, postorder
-from .numpy_eval import Evaluator, Numeric, program_evaluator
+from .numpy_eval import Evaluator, Numeric, program_evaluator, program_values
 
 
 # ---- normal forms and coefficients ---------------------------------------------------------------
@@ -71,14 +71,15 @@ def _is_weight(x: Term) -> bool:
 
 def normal_form(program, w, what: str = "the form") -> Term:
     """``w`` in normal form: as it is if it already is one (every summand trace(G d(W)) with W a
-    weight), else through the strategy ``normal``."""
+    weight), else through the strategy ``backprop`` (the shared normal form: the same numbers as
+    ``normal``, linear in depth)."""
     w = check_one_form(w, what)
     if T.is_zero(w):
         return w
     pairs = _pairs(w)
     if pairs is not None and all(_is_weight(x) for x, _ in pairs):
         return w
-    return program.apply_rules("normal", w)
+    return program.apply_rules("backprop", w)
 
 
 def coefficients(program, w, what: str = "the form") -> dict:
@@ -104,9 +105,16 @@ def coefficients(program, w, what: str = "the form") -> dict:
 def gradients(program, w, evaluator: Optional[Evaluator] = None, what: str = "the form") -> dict:
     """Printed weight name -> ``G_W^t`` (a float64 array shaped like W), for every weight of the
     1-form ``w``, evaluated with one shared evaluator (by default over the program's values)."""
-    coeffs = coefficients(program, w, what)
     if evaluator is None:
-        evaluator = program_evaluator(program)
+        # the generated code of `fdsl codegen`: one forward and one backward sweep
+        from .codegen import compile_gradients
+
+        w = normal_form(program, w, what)
+        coefficients(program, w, what)  # the checks: a normal form, of weights only
+        if T.is_zero(w):
+            return {}
+        return compile_gradients(w, program.dims)(program_values(program))
+    coeffs = coefficients(program, w, what)
     return {x.data[0].printed(): evaluator.value(g).T for x, g in coeffs.items()}
 
 
@@ -152,11 +160,11 @@ def _grad(program, w, weight=None):
     x = as_term(weight, "the second argument of grad")
     if x.op != "sym" or x.data[0].kind != "weight":
         raise FdslError("the second argument of grad must be a weight, not %s" % _short(x))
-    coeffs = coefficients(program, w, "the first argument of grad")
-    g = coeffs.get(x)
+    grads = gradients(program, w, what="the first argument of grad")  # one sweep, the same numbers
+    g = grads.get(x.data[0].printed())
     if g is None:  # the form does not involve W: its gradient there is zero
-        g = T.zero((x.shape[1], x.shape[0]))
-    return Numeric(program_evaluator(program).value(g).T, x)
+        g = program_evaluator(program).value(T.zero(x.shape))
+    return Numeric(g, x)
 
 
 # ---- fdsl grad FILE --form NAME (--values IN.npz | --random SEED) --out OUT.npz --------------------
