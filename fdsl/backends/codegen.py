@@ -47,9 +47,7 @@ from __future__ import annotations
 import ast
 import inspect
 import keyword
-import os
 import re
-import tempfile
 from fractions import Fraction
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
@@ -62,6 +60,7 @@ from ..cli import subcommand
 from ..errors import FdslError
 from ..ops import OPS
 from ..printers import text
+from ..statements import atomic_write
 from ..terms import Term, postorder
 
 #: size assumed for a dim without one when choosing the order of products
@@ -909,35 +908,18 @@ def normal_form_of(program, value, name: str) -> Term:
 
 def _cmd_codegen(args) -> int:
     from ..program import load
+    from .numpy_grad import form_named
 
     program = load(args.file, rules=args.rules or ())
     name = args.form
-    if name in program.clauses and name not in program.definitions:
-        raise FdslError("%s is a parameterised definition; --form takes a 1-form, e.g. a definition "
-                        "w = form(E)" % name, file="--form")
-    try:
-        value = program.expr(name)
-    except FdslError as e:
-        if e.file == "<expr>":
-            e.file, e.line, e.col, e.source = "--form %s" % name, None, None, None
-        raise
-    w = normal_form_of(program, value, name)
+    w = normal_form_of(program, form_named(program, name), name)
     if not forms.normal_terms(w):
         raise FdslError("%s is 0: it has no gradients to generate code for" % name, file="--form")
     origin = "form %s of %s" % (name, args.file)
     source = gradients_source(w, program.dims, origin)
     out = Path(args.output)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix="." + out.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(source)
-            os.replace(tmp, out)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(out, lambda tmp: tmp.write_text(source))
     except OSError as e:
         raise FdslError("cannot write the generated code: %s" % (e.strerror or e), file=str(out)) from None
     print("wrote %s: grads(values) for %d weight%s" % (out, len(gradient_terms(w)),
