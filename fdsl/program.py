@@ -178,6 +178,9 @@ class Program:
                          "'values \"file.npz\"' or 'random SEED'" % kind, node)
 
     def _define(self, st: Stmt):
+        if st.name in self.symbols or st.name in self.dims or st.name in self.families:
+            raise FdslError("%s is already declared (%s); a definition needs a name of its own"
+                            % (st.name, self.declared_at[st.name]), self._src[0], st.line, st.col, self._src[1])
         if st.params is None:
             value = self.evaluate(st.body, {})
             if st.named:

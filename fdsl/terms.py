@@ -230,10 +230,16 @@ def add(*summands: Term) -> Term:
 
 
 def hadamard(*factors: Term) -> Term:
-    """The componentwise product: flat, zero if any factor is zero."""
+    """The componentwise product: flat, zero if any factor is zero. A scalar factor scales, so
+    ``2 * A`` is ``2 A`` and ``2 * 3`` is 6 (componentwise, a scalar multiplies every entry)."""
     flat = []
     for f in factors:
         flat.extend(f.args if f.op == "had" else (f,))
+    scalars = [f for f in flat if f.scalar]
+    if scalars and len(scalars) < len(flat):
+        return mul(*scalars, hadamard(*(f for f in flat if not f.scalar)))
+    if scalars:
+        return mul(*scalars)
     shape, scalar = OPS["had"].shape(flat)
     if any(is_zero(f) for f in flat):
         return zero(shape)

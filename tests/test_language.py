@@ -55,6 +55,7 @@ OPERATORS = [
     ("A^t", "t", ("n", "n"), "A^t"),
     ("X^t", "t", ("d", "n"), "X^t"),
     ("A * B", "had", ("n", "n"), "A * B"),  # Hadamard product
+    ("2 * A", "mul", ("n", "n"), "2 A"),  # componentwise by a scalar: a scalar multiple
     ("trace(A)", "trace", (1, 1), "trace(A)"),
     ("d(W)", "d", ("n", "n"), "dW"),
     ("d(A B)", "d", ("n", "n"), "d(A B)"),

@@ -42,9 +42,10 @@ import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
 
 from .. import forms
 from ..cli import subcommand
@@ -79,11 +80,18 @@ class Html(str):
 # ---- term graphs ---------------------------------------------------------------------------------
 
 
+def _networkx():
+    # imported when a diagram is drawn, not when fdsl starts: it is a third of every start-up
+    import networkx
+
+    return networkx
+
+
 def term_graph(value, collapse_lets: bool = False, max_nodes: Optional[int] = None) -> nx.DiGraph:
     """The diagram of a term (or a list of terms): one node per distinct subterm."""
     roots = _roots(value)
     descend = (lambda n: n.op != "let") if collapse_lets else None
-    graph = nx.DiGraph()
+    graph = _networkx().DiGraph()
     ids: dict = {}
     for root in roots:
         for node in postorder(root, descend):
@@ -339,7 +347,7 @@ def deps_graph(pairs) -> nx.DiGraph:
     """The picture of ``pairs``: a mapping from each weight W to the set of weights that appear in
     the coefficient of dW (named intermediates, ``let`` terms, may be among them). Weights on the
     left, coefficients on the right."""
-    graph = nx.DiGraph()
+    graph = _networkx().DiGraph()
     order = list(pairs)
     for used in pairs.values():
         for v in sorted(used, key=_input_key):
