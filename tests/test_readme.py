@@ -1,0 +1,38 @@
+"""The README tells the truth: its example's output is what fdsl prints, its example file is the
+one in examples/, and .ci/run runs its test command as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+BLOCKS = re.findall(r"```\n(.*?)```", README, re.S)
+
+
+def test_the_example_and_its_output_are_real():
+    program = (ROOT / "examples" / "one_layer.fd").read_text()
+    shown = BLOCKS[0]
+    # the README shows the program without its first comment line
+    assert shown.strip() == program.split("\n", 1)[1].strip()
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/one_layer.fd"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == BLOCKS[1]
+
+
+def test_set_up_commands_are_the_main_job_and_the_tests():
+    commands = [b.strip() for b in BLOCKS if b.count("\n") == 1]
+    assert "pip install . && fdsl run examples/encoder2.fd" in commands
+    test_command = "python -m pip install -e '.[test]' && python -m pytest -q"
+    assert test_command in commands
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test_command.replace(" &&", " </dev/null &&") + " </dev/null" in ci
+
+
+def test_every_example_named_in_the_readme_exists():
+    for name in set(re.findall(r"examples/[\w/]+\.(?:fd|rules|svg)", README)):
+        assert (ROOT / name).exists(), name
