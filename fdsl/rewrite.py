@@ -186,7 +186,8 @@ def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
         if t in memo:
             stack.pop()
             continue
-        if t.op != "let":  # a named intermediate is opaque: its body stays as defined
+        opaque = OPS[t.op].opaque  # a named intermediate keeps the body it was defined with
+        if not opaque:
             pending = [c for c in t.args if c not in memo]
             if pending:
                 for c in pending:
@@ -196,7 +197,7 @@ def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
                 continue
         r = redirect.get(t)
         if r is None:
-            r = T.rebuild(t, [memo[c] for c in t.args]) if t.op != "let" else t
+            r = t if opaque else T.rebuild(t, [memo[c] for c in t.args])
             if r is t:
                 fired = step_at_root(index, t)
                 if fired is None:
@@ -249,16 +250,16 @@ def _preorder(root: Term):
             continue
         seen.add(t)
         yield t
-        if t.op != "let":
+        if not OPS[t.op].opaque:
             stack.extend(reversed(t.args))
 
 
 def substitute(root: Term, mapping: dict) -> Term:
     """``root`` with every occurrence of each key replaced by its value (on the shared graph)."""
     out = dict(mapping)
-    for node in T.postorder(root, descend=lambda n: n not in mapping and n.op != "let"):
+    for node in T.postorder(root, descend=lambda n: n not in mapping and not OPS[n.op].opaque):
         if node not in out:
-            out[node] = T.rebuild(node, [out.get(c, c) for c in node.args]) if node.op != "let" else node
+            out[node] = node if OPS[node.op].opaque else T.rebuild(node, [out.get(c, c) for c in node.args])
     return out[root]
 
 

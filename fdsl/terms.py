@@ -144,12 +144,8 @@ def make(op: str, args, data=None) -> Term:
     """Build ``op(args)``: checks arity and shapes, applies the zero law of linear arguments."""
     spec = OPS[op]
     args = tuple(args)
-    if op == "mul":
-        return mul(*args)
-    if op == "add":
-        return add(*args)
-    if op == "had":
-        return hadamard(*args)
+    if spec.associative:  # flat n-ary operators have their own constructors
+        return {"mul": mul, "add": add, "had": hadamard}[op](*args)
     if spec.arity is not None and len(args) != spec.arity:
         raise ShapeError("%s takes %d argument%s, not %d" % (op, spec.arity, "" if spec.arity == 1 else "s", len(args)))
     for i in spec.linear:
