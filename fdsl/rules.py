@@ -252,15 +252,16 @@ class RuleBook:
 
     def load(self, *paths) -> None:
         """Load rule files (and what they import); all of them or, on an error, none of them."""
-        snapshot = (dict(self.rulesets), {k: Ruleset(v.name, list(v.rules), list(v.includes), v.file, v.line)
-                                          for k, v in self.rulesets.items()},
+        # what to go back to if a file fails (rulesets are copied: loading appends to them)
+        snapshot = ({k: Ruleset(v.name, list(v.rules), list(v.includes), v.file, v.line)
+                     for k, v in self.rulesets.items()},
                     dict(self.strategies), dict(self.rule_names), list(self.files), dict(O.OPS))
         try:
             for path in paths:
                 self._load(Path(path), importer=None)
             self._check_references()
         except FdslError:
-            _, self.rulesets, self.strategies, self.rule_names, self.files, ops = snapshot
+            self.rulesets, self.strategies, self.rule_names, self.files, ops = snapshot
             O.OPS.clear()
             O.OPS.update(ops)
             raise
