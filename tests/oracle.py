@@ -107,3 +107,29 @@ def symbol_values(program, term) -> dict:
         if symbol.kind != "dim" and symbol.value is None:
             out[symbol.printed()] = np.array(program.values[symbol.printed()])
     return out
+
+
+# ---- the encoder the tests share --------------------------------------------------------------------
+
+# examples/encoder2.fd's declarations and layer, without its statements
+ENCODER = """\
+dim n = 8, d = 6, k = 4, h = 5
+const X : n x d, Y : n x d
+const C : n x 1 = ones
+scalar s = k^(-1/2)
+weight Q[i], K[i] : d x k
+weight V[i] : d x h, W[i] : h x d, b[i] : 1 x h, f[i] : 1 x d
+layer(i, Z) = m(a(s Z Q[i] K[i]^t Z^t) Z V[i] + C b[i]) W[i] + C f[i]
+encoder(0) = X
+encoder(L) = layer(L-1, encoder(L-1))
+"""
+
+
+def weight_values(program, weights, seed: int, inputs=("X0", "Y")) -> dict:
+    """Normal inputs (8 x 6) and weights scaled by 1/sqrt(rows), for the encoders of the tests."""
+    rng = np.random.default_rng(seed)
+    vals = {name: rng.standard_normal((8, 6)) for name in inputs}
+    for w in weights:
+        r, c = (program.dims[x] if isinstance(x, str) else x for x in w.shape)
+        vals[w.data[0].printed()] = rng.standard_normal((r, c)) / np.sqrt(r)
+    return vals

@@ -15,6 +15,8 @@ from fdsl import terms as T
 from fdsl.backends.numpy_eval import Evaluator
 from fdsl.forms import coeff, form, weights
 
+from oracle import weight_values
+
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (ROOT / "examples" / "deep.fd").read_text().split("\nE := ")[0]
 REL_TOL = 1e-6  # against central finite differences
@@ -22,15 +24,6 @@ REL_TOL = 1e-6  # against central finite differences
 
 def program(L):
     return fdsl.parse(HEADER + "\nE := Y - X(%d)\n" % L)
-
-
-def values(p, ws, seed):
-    rng = np.random.default_rng(seed)
-    vals = {"X0": rng.standard_normal((8, 6)), "Y": rng.standard_normal((8, 6))}
-    for W in ws:
-        r, c = (p.dims[x] if isinstance(x, str) else x for x in W.shape)
-        vals[W.data[0].printed()] = rng.standard_normal((r, c)) / np.sqrt(r)
-    return vals
 
 
 def test_shared_form_grows_linearly_with_depth():
@@ -55,7 +48,7 @@ def test_expanded_and_shared_forms_give_the_same_numbers(L):
     shared = p.apply_rules("backprop", form(p["E"]))
     expanded = p.apply_rules("normal", form(p["E"]))
     assert weights(shared) == weights(expanded)
-    vals = values(p, weights(shared), seed=L)
+    vals = weight_values(p, weights(shared), seed=L)
     a, b = Evaluator(vals, p.dims), Evaluator(vals, p.dims)
     for W in weights(shared):
         gs, ge = a.value(coeff(shared, W)), b.value(coeff(expanded, W))
@@ -68,7 +61,7 @@ def test_shared_form_is_the_derivative_of_the_loss(L):
     E = p["E"]
     w = p.apply_rules("backprop", form(E))
     ws = weights(w)
-    vals = values(p, ws, seed=10 + L)
+    vals = weight_values(p, ws, seed=10 + L)
     rng = np.random.default_rng(L)
     direction = {W.data[0].printed(): rng.standard_normal(vals[W.data[0].printed()].shape) for W in ws}
 

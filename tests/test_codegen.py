@@ -23,7 +23,7 @@ from fdsl.backends import codegen
 from fdsl.backends.numpy_eval import Evaluator
 from fdsl.forms import coeff, form, weights
 
-from oracle import central_difference
+from oracle import weight_values, central_difference
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (ROOT / "examples" / "deep.fd").read_text().split("\nE := ")[0]
@@ -42,15 +42,6 @@ def program(L, header=HEADER):
 
 def shared(p):
     return p.apply_rules("backprop", form(p["E"]))
-
-
-def values(p, ws, seed):
-    rng = np.random.default_rng(seed)
-    vals = {"X0": rng.standard_normal((8, 6)), "Y": rng.standard_normal((8, 6))}
-    for W in ws:
-        r, c = (p.dims[x] if isinstance(x, str) else x for x in W.shape)
-        vals[W.data[0].printed()] = rng.standard_normal((r, c)) / np.sqrt(r)
-    return vals
 
 
 def errors(got: dict, want: dict) -> dict:
@@ -83,7 +74,7 @@ def test_generated_module_matches_the_interpreter(L, tmp_path):
     path = tmp_path / ("grads_%d.py" % L)
     path.write_text(codegen.gradients_source(w, p.dims, "encoder(%d)" % L))
     module = import_module(path)
-    vals = values(p, weights(w), seed=L)
+    vals = weight_values(p, weights(w), seed=L)
     got = module.grads(vals)
     assert list(got) == [W.data[0].printed() for W in weights(w)]  # every weight, in weight order
     want = interpreted(p, w, vals)
@@ -97,7 +88,7 @@ def test_generated_gradients_are_the_derivative_of_the_loss(L):
     p = program(L)
     w = shared(p)
     ws = [W.data[0].printed() for W in weights(w)]
-    vals = values(p, weights(w), seed=10 + L)
+    vals = weight_values(p, weights(w), seed=10 + L)
     grads = codegen.compile_gradients(w, p.dims)(vals)
     E = p["E"]
 
@@ -122,7 +113,7 @@ def test_expanded_and_shared_forms_generate_the_same_numbers(L):
     p = program(L)
     expanded = p.apply_rules("normal", form(p["E"]))
     w = shared(p)
-    vals = values(p, weights(w), seed=20 + L)
+    vals = weight_values(p, weights(w), seed=20 + L)
     a = codegen.compile_gradients(expanded, p.dims)(vals)
     b = codegen.compile_gradients(w, p.dims)(vals)
     assert max(errors(a, b).values()) <= EXACT
@@ -217,7 +208,7 @@ def test_dims_without_a_size_are_read_from_the_inputs():
 def test_inputs_are_conformed_or_refused():
     p = program(1)
     fn = codegen.compile_gradients(shared(p), p.dims)
-    vals = values(p, weights(shared(p)), seed=3)
+    vals = weight_values(p, weights(shared(p)), seed=3)
     flat = dict(vals, b_0=vals["b_0"].ravel().tolist())  # a row given as a flat list
     assert max(errors(fn(flat), fn(vals)).values()) == 0.0
     with pytest.raises(FdslError, match="X0 has shape"):
@@ -231,7 +222,7 @@ def test_inputs_are_conformed_or_refused():
 def test_without_dims_every_size_comes_from_the_values():
     p = program(2)
     w = shared(p)
-    vals = values(p, weights(w), seed=4)
+    vals = weight_values(p, weights(w), seed=4)
     got = codegen.compile_gradients(w)(vals)
     assert "n_n = " in codegen.compile_gradients(w).source
     assert max(errors(got, interpreted(p, w, vals)).values()) <= EXACT
@@ -272,7 +263,7 @@ def test_fdsl_codegen_writes_a_module_that_runs(tmp_path):
     assert "examples/deep.fd" in module.__doc__ and "form w" in module.__doc__
     p = fdsl.load(ROOT / "examples" / "deep.fd")
     w = p["w"]
-    vals = values(p, weights(w), seed=8)
+    vals = weight_values(p, weights(w), seed=8)
     assert max(errors(module.grads(vals), interpreted(p, w, vals)).values()) <= EXACT
     assert not list(tmp_path.glob(".out.py*"))  # the temporary file was renamed into place
 
@@ -285,7 +276,7 @@ def test_fdsl_codegen_normalises_a_form_that_is_not_normal(tmp_path):
     assert r.returncode == 0, r.stderr
     p = fdsl.load(src)
     w = shared(p)
-    vals = values(p, weights(w), seed=2)
+    vals = weight_values(p, weights(w), seed=2)
     assert max(errors(import_module(out, "two_grads").grads(vals), interpreted(p, w, vals)).values()) <= EXACT
 
 

@@ -26,20 +26,10 @@ from fdsl.backends.numpy_eval import Evaluator
 from fdsl.backends.numpy_grad import coefficients, gradients
 from fdsl.forms import form
 
-from oracle import gradient
+from oracle import ENCODER, gradient
 
 N, D, K, H = 8, 6, 4, 5  # the sizes of examples/encoder2.fd
-DECLARATIONS = """\
-dim n = 8, d = 6, k = 4, h = 5
-const X : n x d, Y : n x d
-const C : n x 1 = ones
-scalar s = k^(-1/2)
-weight Q[i], K[i] : d x k
-weight V[i] : d x h, W[i] : h x d, b[i] : 1 x h, f[i] : 1 x d
-layer(i, Z) = m(a(s Z Q[i] K[i]^t Z^t) Z V[i] + C b[i]) W[i] + C f[i]
-encoder(0) = X
-encoder(L) = layer(L-1, encoder(L-1))
-"""
+DECLARATIONS = ENCODER
 # Tolerances. The finite differences carry an absolute noise of about 1e-10 (float64 rounding of a
 # loss of size 10-100, divided by the step); observed errors are 1e-10 to 1e-9 per weight.
 TOLERANCE = 1e-7  # per weight: ||grad_W + fd_W|| <= TOLERANCE * max(||grad_W||, FLOOR * ||grad||)

@@ -16,23 +16,13 @@ from fdsl.errors import FdslError
 from fdsl.ops import OPS
 from fdsl.terms import dag_size
 
-from oracle import rel_error, symbol_values
+from oracle import ENCODER, rel_error, symbol_values
 
 ROOT = Path(__file__).resolve().parent.parent
 ENCODER2 = ROOT / "examples" / "encoder2.fd"
 N, D, K, H = 8, 6, 4, 5  # the sizes declared in examples/encoder2.fd
 
-DECLARATIONS = """\
-dim n = 8, d = 6, k = 4, h = 5
-const X : n x d, Y : n x d
-const C : n x 1 = ones
-scalar s = k^(-1/2)
-weight Q[i], K[i] : d x k
-weight V[i] : d x h, W[i] : h x d, b[i] : 1 x h, f[i] : 1 x d
-layer(i, Z) = m(a(s Z Q[i] K[i]^t Z^t) Z V[i] + C b[i]) W[i] + C f[i]
-encoder(0) = X
-encoder(L) = layer(L-1, encoder(L-1))
-"""
+DECLARATIONS = ENCODER
 
 
 # ---- an independent forward pass ----------------------------------------------------------------
