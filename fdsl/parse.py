@@ -141,6 +141,10 @@ class ToAst(Transformer_NonRecursive):
     def string(self, meta, children):
         return self._node("string", meta, value=str(children[0])[1:-1])
 
+    def binding(self, meta, children):
+        name, *index, body = children
+        return self._node("binding", meta, (body,), (str(name), tuple(int(i) for i in index)))
+
     def call(self, meta, children):
         head, *args = children
         return self._node("call", meta, args, str(head)[:-1])

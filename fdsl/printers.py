@@ -79,8 +79,8 @@ class StringStyle(Style):
         return symbol.name + ("[%s]" % ", ".join(map(str, symbol.index)) if symbol.index else "")
 
     def let(self, name, index):
-        # a named parameterised definition, enc(L) := ..., is re-made by calling it: enc(2)
-        return name + ("(%s)" % ", ".join(map(str, index)) if index else "")
+        # bound by the where-block that string() puts around a term with named intermediates
+        return name + ("[%s]" % ", ".join(map(str, index)) if index else "")
 
     def differential(self, node, inner):
         return "d(%s)" % inner
@@ -252,8 +252,14 @@ def text(t: Term) -> str:
 
 
 def string(t: Term) -> str:
-    """The re-parseable form: ``parse(string(t)) == t``."""
-    return _PRINTERS["string"](t)
+    """The re-parseable form: ``parse(string(t)) == t``. Named intermediates are written inline,
+    each once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``."""
+    lets = bindings(t) + ([t] if t.op == "let" else [])
+    out = _PRINTERS["string"](t)
+    if not lets:
+        return out
+    binds = ", ".join("%s := %s" % (_PRINTERS["string"](n), _PRINTERS["string"](n.args[0])) for n in lets)
+    return "(%s where %s)" % (out, binds)
 
 
 def latex(t: Term) -> str:

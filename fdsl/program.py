@@ -219,6 +219,8 @@ class Program:
             return self.call(node.value, [self.evaluate(a, env) for a in node.args], node)
         if k == "index":
             return self._index(node, env)
+        if k == "where":
+            return self._where(node, env)
         if k in _CHAINS:
             return self._chain(node, env)
         args = [self.evaluate(a, env) for a in node.args]
@@ -316,9 +318,23 @@ class Program:
             raise self.error("indices are whole numbers, not %s" % ", ".join(map(str, index)), node)
         return T.sym(Symbol(name, index, fam.kind, fam.value), fam.shape)
 
+    def _where(self, node: Node, env: dict):
+        """``(e where N[i] := b, ...)``: each binding a named intermediate, visible to later ones."""
+        body, *bindings = node.args
+        env = dict(env)
+        for b in bindings:
+            name, index = b.value
+            value = T.let(name, index, as_term(self.evaluate(b.args[0], env), "the body of %s" % name))
+            env[(name, index) if index else name] = value
+        return self.evaluate(body, env)
+
     def _index(self, node: Node, env: dict):
         base_node, *index_nodes = node.args
         index = [self.evaluate(i, env) for i in index_nodes]
+        if base_node.kind == "name" and index and all(_is_number(i) for i in index):
+            key = (base_node.value, tuple(as_int(i, "an index") for i in index))
+            if key in env:  # a named intermediate of an enclosing where
+                return env[key]
         if base_node.kind == "name" and base_node.value in self.families and base_node.value not in env:
             return self.family_member(base_node.value, tuple(as_int(i, "an index") for i in index), node)
         base = self.evaluate(base_node, env)
