@@ -11,6 +11,7 @@ import sys
 import threading
 
 from .errors import FdslError
+from .rewrite import DEFAULT_STEP_LIMIT
 
 # Elaboration recurses once per nested call of a user definition (encoder(64) nests 64 deep);
 # a big thread stack lets the depth limit in fdsl.program, not the interpreter, decide.
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
     run.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
     run.add_argument("--step-limit", type=int, metavar="N", help="rewrite steps before a ruleset is "
-                     "declared non-terminating (default %d)" % 2_000_000)
+                     "declared non-terminating (default %d)" % DEFAULT_STEP_LIMIT)
     run.add_argument("--values", metavar="FILE.npz", help="numeric values of symbols, for eval/grad")
     run.add_argument("--random", type=int, metavar="SEED", help="random values for symbols without one")
     run.set_defaults(func=_cmd_run)

@@ -176,7 +176,7 @@ def match(p, t: Term, b: dict) -> Iterator[dict]:
             word = (t,)
         else:
             return
-        yield from _match_word(p.items, 0, word, 0, b, _Bounds(t, word))
+        yield from _match_word(p.items, 0, word, 0, b, _Bounds(word))
         return
     if isinstance(p, Bag):
         if t.op == p.op:
@@ -201,8 +201,8 @@ def _match_args(ps, ts, i, b):
 class _Bounds:
     """The size between consecutive factors of a word: what an empty run there stands for."""
 
-    def __init__(self, t: Term, word):
-        self.t, self.word = t, word
+    def __init__(self, word):
+        self.word = word
 
     def unit(self, j: int) -> Term:
         # cols of the last matrix factor before position j, else rows of the first one after it
