@@ -98,17 +98,22 @@ def _rebuild_for_message(opname, args):
     return _Word(args, {"+": " + ", "*": " * "}[opname])
 
 
-def _named_binary_same(name):
+def same_shape_args(name):
+    """The shape rule of ``name(A, B, ...)`` whose arguments share one shape, which it keeps
+    (mm, aa, and the elementwise operators that rule files declare)."""
+
     def rule(args):
-        a, b = args
-        if a.shape is not None and b.shape is not None and a.shape != b.shape:
-            raise ShapeError(
-                "%s({0}, {1}): %s and %s: arguments must have the same shape"
-                % (name, shape_str(a.shape), shape_str(b.shape)),
-                a,
-                b,
-            )
-        return (a.shape if a.shape is not None else b.shape), a.scalar and b.scalar
+        shape = None
+        for a in args:
+            if a.shape is None:
+                continue
+            if shape is None:
+                shape = a.shape
+            elif a.shape != shape:
+                raise ShapeError("%s(%s): %s: arguments must have the same shape"
+                                 % (name, ", ".join("{%d}" % i for i in range(len(args))),
+                                    " and ".join(shape_str(x.shape) for x in args)), *args)
+        return shape, all(a.scalar for a in args)
 
     return rule
 
@@ -213,9 +218,9 @@ for _op in [
     Op("m", 1, _same_as_first, latex="m", doc="relu: negative entries set to zero",
        numpy="np.maximum({0}, 0.0)"),
     Op("a", 1, _same_as_first, latex="a", doc="row-wise softmax", numpy="_softmax({0})"),
-    Op("mm", 2, _named_binary_same("mm"), linear=(1,), latex=r"\operatorname{mm}",
+    Op("mm", 2, same_shape_args("mm"), linear=(1,), latex=r"\operatorname{mm}",
        doc="mm(A, B) = [A > 0] o B, so d(m(A)) = mm(A, d(A))", numpy="_mm({0}, {1})"),
-    Op("aa", 2, _named_binary_same("aa"), linear=(1,), latex=r"\operatorname{aa}",
+    Op("aa", 2, same_shape_args("aa"), linear=(1,), latex=r"\operatorname{aa}",
        doc="aa(A, B) = S o (B - rowsum(S o B) 1^t), S = a(A), so d(a(A)) = aa(A, d(A))",
        numpy="_aa({0}, {1})"),
     Op("let", 1, _same_as_first, kind="struct", opaque=True,

@@ -366,7 +366,7 @@ class RuleBook:
             except (IndexError, KeyError, ValueError) as e:
                 raise err("the numpy template of %s uses {%s}, but the arguments are {0}..{%d}"
                           % (name, e, len(params) - 1), item)
-        O.register(O.Op(name, len(params), _elementwise(name), linear=tuple(params.index(l) for l in opts["linear"]),
+        O.register(O.Op(name, len(params), O.same_shape_args(name), linear=tuple(params.index(l) for l in opts["linear"]),
                         numpy=opts["numpy"], latex=opts["latex"], doc=opts["doc"] or "user operator %s" % name,
                         user=True, params=tuple(params)))
 
@@ -495,19 +495,3 @@ def _display_path(path: Path) -> str:
     except FileNotFoundError:
         pass
     return str(path)
-
-
-def _elementwise(name):
-    def rule(args):
-        shape = None
-        for a in args:
-            if a.shape is None:
-                continue
-            if shape is None:
-                shape = a.shape
-            elif a.shape != shape:
-                raise O.ShapeError("%s: arguments of shapes %s and %s: an elementwise operator needs one shape"
-                                   % (name, O.shape_str(shape), O.shape_str(a.shape)))
-        return shape, all(a.scalar for a in args)
-
-    return rule
