@@ -38,9 +38,6 @@ class ShapeError(Exception):
         return self.template.format(*(p if isinstance(p, str) else text(p) for p in self.parts))
 
 
-Shape = tuple  # (rows, cols); None where unknown (a zero argument of a linear operator)
-
-
 def shape_str(shape) -> str:
     return "(%s x %s)" % shape if shape is not None else "(any)"
 
@@ -75,19 +72,27 @@ def _same_as_first(args):
     return a.shape, a.scalar
 
 
+def _common_shape(args, fits):
+    """The shape the arguments share (wildcard ``None`` shapes skipped), and the first argument
+    that does not ``fits(shape, arg)`` it, or None."""
+    shape = None
+    for x in args:
+        if x.shape is None:
+            continue
+        if shape is None:
+            shape = x.shape
+        elif not fits(shape, x):
+            return shape, x
+    return shape, None
+
+
 def _all_same(opname):
     def rule(args):
-        shape = None
-        for x in args:
-            if x.shape is None:
-                continue
-            if shape is None:
-                shape = x.shape
-            elif x.shape != shape and not (x.scalar and shape == (1, 1)):
-                raise ShapeError(
-                    "{0}: %s %s %s: shapes differ" % (shape_str(shape), opname, shape_str(x.shape)),
-                    _rebuild_for_message(opname, args),
-                )
+        # a scalar also fits a 1 x 1 matrix
+        shape, bad = _common_shape(args, lambda s, x: x.shape == s or (x.scalar and s == (1, 1)))
+        if bad is not None:
+            raise ShapeError("{0}: %s %s %s: shapes differ" % (shape_str(shape), opname, shape_str(bad.shape)),
+                             _rebuild_for_message(opname, args))
         return shape, all(x.scalar for x in args)
 
     return rule
@@ -103,16 +108,11 @@ def same_shape_args(name):
     (mm, aa, and the elementwise operators that rule files declare)."""
 
     def rule(args):
-        shape = None
-        for a in args:
-            if a.shape is None:
-                continue
-            if shape is None:
-                shape = a.shape
-            elif a.shape != shape:
-                raise ShapeError("%s(%s): %s: arguments must have the same shape"
-                                 % (name, ", ".join("{%d}" % i for i in range(len(args))),
-                                    " and ".join(shape_str(x.shape) for x in args)), *args)
+        shape, bad = _common_shape(args, lambda s, x: x.shape == s)
+        if bad is not None:
+            raise ShapeError("%s(%s): %s: arguments must have the same shape"
+                             % (name, ", ".join("{%d}" % i for i in range(len(args))),
+                                " and ".join(shape_str(x.shape) for x in args)), *args)
         return shape, all(a.scalar for a in args)
 
     return rule
@@ -227,9 +227,3 @@ for _op in [
        doc="a named intermediate (E := ...): prints as its name, evaluates as its body"),
 ]:
     register(_op)
-
-
-def is_function_name(name: str) -> bool:
-    """True for operators written as ``name(args)`` in the language."""
-    op = OPS.get(name)
-    return op is not None and op.kind == "function"

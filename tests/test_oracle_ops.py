@@ -110,38 +110,23 @@ def test_mm_flip(seed):
     assert rel_error(lhs, rhs) < EXACT
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_aa_flip(seed):
-    program, values = shapes_program(np.random.default_rng(seed))
-    lhs = ev(program, "trace(P aa(A, B))", values)
-    rhs = ev(program, "trace(aa(A, P^t)^t B)", values)
-    assert rel_error(lhs, rhs) < EXACT
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_cycle(seed):
-    # trace(P dW S) = trace(S P dW): here B^t (q x p) stands before W (p x r), S (r x q) after
-    program, values = shapes_program(np.random.default_rng(seed))
-    lhs = ev(program, "trace(B^t W S)", values)
-    rhs = ev(program, "trace(S B^t W)", values)
-    assert rel_error(lhs, rhs) < EXACT
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_transposed_differential(seed):
+# Trace identities the rules rely on, as (left, right) over the shapes of shapes_program.
+IDENTITIES = [
+    ("trace(P aa(A, B))", "trace(aa(A, P^t)^t B)"),  # flip-aa: the row Jacobian of softmax is symmetric
+    # cycle, trace(P dW S) = trace(S P dW): B^t (q x p) stands before W (p x r), S (r x q) after
+    ("trace(B^t W S)", "trace(S B^t W)"),
     # trace(G dW^t) = trace(G^t dW), with A standing for dW (G : q x p, A^t : q x p)
-    program, values = shapes_program(np.random.default_rng(seed))
-    lhs = ev(program, "trace(G^t A^t)", values)
-    rhs = ev(program, "trace(G A)", values)
-    assert rel_error(lhs, rhs) < EXACT
+    ("trace(G^t A^t)", "trace(G A)"),
+    ("trace(P (A * B))", "trace((P * A^t) B)"),  # flip-had
+]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_hadamard_flip(seed):
+@pytest.mark.parametrize("left, right", IDENTITIES, ids=["aa_flip", "cycle", "transposed_differential",
+                                                         "hadamard_flip"])
+def test_trace_identity(left, right, seed):
     program, values = shapes_program(np.random.default_rng(seed))
-    lhs = ev(program, "trace(P (A * B))", values)
-    rhs = ev(program, "trace((P * A^t) B)", values)
-    assert rel_error(lhs, rhs) < EXACT
+    assert rel_error(ev(program, left, values), ev(program, right, values)) < EXACT
 
 
 # ---- the runtime's definitions ------------------------------------------------------------------
