@@ -135,6 +135,7 @@ class Need:
     context: str = "arg"  # for runs: mul | add | had (where the left side has it)
     guards: dict = field(default_factory=dict)  # predicate -> required truth
     scalar_arg: bool = False  # stands directly under pow
+    positive: bool = False  # stands where its operator is defined for positive entries only (log)
     under_d: bool = False  # stands directly under d: a constant there only tests 0 = 0
 
 
@@ -163,12 +164,22 @@ def _needs(rule: Rule) -> dict:
             needs[q.args[0].name].scalar_arg = True
         if isinstance(q, P.Op) and q.op == "d" and isinstance(q.args[0], P.Var):
             needs[q.args[0].name].under_d = True
+        if isinstance(q, P.Op) and q.op in O.OPS:
+            for i in O.OPS[q.op].positive:
+                arg = q.args[i]
+                if isinstance(arg, P.Op) and arg.op == "t":  # log(?X^t): ?X is positive too
+                    arg = arg.args[0]
+                if isinstance(arg, P.Var):
+                    needs[arg.name].positive = True
     for negated, pred, arg in rule.guards:
         if isinstance(arg, (P.Var, P.Seq)):
             guards = needs[arg.name].guards
             if guards.get(pred, not negated) != (not negated):
                 raise Skip("the guards ask for both %s(%s) and not %s(%s)" % (pred, arg, pred, arg))
             guards[pred] = not negated
+    for need in needs.values():
+        if need.positive and need.guards.get("has_d"):
+            raise Skip("?%s must be positive, and a form is not" % need.name)
     return needs
 
 
@@ -182,14 +193,15 @@ def _compound_guards(rule: Rule) -> list:
     return out
 
 
-_KNOWN_OPS = {"t", "d", "m", "a", "trace", "mm", "aa", "pow", "let"}
+# operators without a numpy lowering that the checker still knows how to shape and evaluate
+_STRUCTURAL = {"t", "d", "let", "onescol", "onesrow", "cols"}
 
 
 def _static_check(rule: Rule) -> None:
     for q in list(_walk(rule.lhs)) + list(_walk(rule.rhs)):
-        if isinstance(q, P.Op) and q.op not in _KNOWN_OPS:
+        if isinstance(q, P.Op) and q.op not in _STRUCTURAL:
             spec = O.OPS.get(q.op)
-            if spec is None or not spec.user:
+            if spec is None or spec.arity is None:
                 raise Skip("the checker knows no shape rule for operator %s" % q.op)
             if spec.numpy is None:
                 raise Skip("operator %s has no numpy implementation to evaluate" % q.op)
@@ -261,6 +273,10 @@ class Instance:
                 self.flavours[name] = items
             else:
                 self.flavours[name] = self._flavour(literal, avoid_d, avoid_w, want_d, want_w, need.under_d)
+                if need.positive:
+                    if self.flavours[name] not in ("const", "weighty"):
+                        raise Reject("?%s must be positive, and a %s is not" % (name, self.flavours[name]))
+                    self.flavours[name] = "positive " + self.flavours[name]
                 if g.get("named"):
                     self.flavours[name] = ("named", self.flavours[name])
 
@@ -317,7 +333,13 @@ class Instance:
                 if not args[0].scalar:
                     raise Reject("a power of a matrix")
                 return Shape(self.one, self.one, True)
-            for a in args[1:]:  # d, m, a, let, mm, aa and elementwise user operators: one shape
+            if p.op in ("onescol", "onesrow", "cols"):
+                width = args[0].cols
+                return {"onescol": Shape(width, self.one), "onesrow": Shape(self.one, width),
+                        "cols": Shape(self.one, self.one, True)}[p.op]
+            if O.OPS[p.op].rows:  # a row reduction: (n x d) -> (n x 1)
+                return Shape(args[0].rows, self.one, args[0].scalar)
+            for a in args[1:]:  # d, m, a, let, mm, aa, div and the elementwise operators: one shape
                 dims.union(args[0].rows, a.rows)
                 dims.union(args[0].cols, a.cols)
             return Shape(args[0].rows, args[0].cols, all(a.scalar for a in args))
@@ -364,15 +386,15 @@ class Instance:
                 b[name] = P.Run("add" if need.context == "arg" else need.context, tuple(items), unit)
         return b
 
-    def symbol(self, kind: str, rows: int, cols: int) -> Term:
-        prefix = {"const": "C", "weight": "W", "scalar": "s"}[kind]
+    def symbol(self, kind: str, rows: int, cols: int, scalar_weight: bool = False) -> Term:
+        prefix = {"const": "C", "weight": "g" if scalar_weight else "W", "scalar": "s"}[kind]
         self.counter[prefix] += 1
         name = "%s%d" % (prefix, self.counter[prefix])
-        shape = (1, 1) if kind == "scalar" else (rows, cols)
+        shape = (1, 1) if kind == "scalar" or scalar_weight else (rows, cols)
         self.values[name] = self.rng.standard_normal(shape)
         if kind == "weight":
             self.weights.append(name)
-        return T.sym(Symbol(name, (), kind), shape)
+        return T.sym(Symbol(name, (), kind, None, scalar_weight), shape)
 
     def _k(self) -> int:
         return int(self.rng.choice(SIZES))
@@ -394,12 +416,17 @@ class Instance:
                 return T.ONE
             return T.eye(rows)
         if flavour in ("weight", "symbol"):
-            if scalar:
-                if flavour == "weight":
-                    raise Reject("a weight cannot be a scalar")
+            if scalar:  # a scalar weight (weight g : scalar), or a declared scalar
+                if flavour == "weight" or rng.random() < 0.5:
+                    return self.symbol("weight", 1, 1, scalar_weight=True)
                 return self.symbol("scalar", 1, 1)
             kind = "weight" if flavour == "weight" or rng.random() < 0.5 else "const"
             return self.symbol(kind, rows, cols)
+        if flavour.startswith("positive "):  # for log, sqrt and divisors: entries > 0
+            inner = self.term(flavour[len("positive "):], rows, cols, scalar)
+            if scalar or rng.random() < 0.5:
+                return T.make("exp", (inner,))
+            return T.add(T.mul(inner, inner) if inner.scalar else T.hadamard(inner, inner), T.num(Fraction(1, 2)))
         if scalar:
             k, l = self._k(), self._k()
             choice = int(rng.integers(3))
@@ -409,10 +436,14 @@ class Instance:
                         lambda: self.symbol("scalar", 1, 1),
                         lambda: tr(T.mul(C(k, l), C(l, k))))[choice]()
             if flavour == "weighty":
+                if rng.random() < 0.25:  # a scalar weight
+                    return T.mul(self.symbol("weight", 1, 1, scalar_weight=True), tr(C(k, k)))
                 return (lambda: tr(W(k, k)),
                         lambda: tr(T.mul(C(k, l), T.make("m", (W(l, k),)))),
                         lambda: T.mul(self.symbol("scalar", 1, 1), tr(T.make("a", (W(k, k),)))))[choice]()
             if flavour == "form":
+                if rng.random() < 0.25:  # the differential of a scalar weight
+                    return T.mul(tr(C(k, k)), T.d(self.symbol("weight", 1, 1, scalar_weight=True)))
                 return (lambda: tr(T.mul(C(k, l), T.d(W(l, k)))),
                         lambda: tr(T.d(W(k, k))),
                         lambda: tr(T.mul(C(k, l), T.d(T.make("m", (W(l, k),))))))[choice]()

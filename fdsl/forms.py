@@ -4,6 +4,7 @@ Vocabulary
 ----------
 form(E)     the pulled-back Euler form ``-trace(E^t d(E))``, a scalar 1-form on weight space.
 normal form ``sum_W trace(G_W d(W))``: one term per weight, the differential last, G free of d
+            (a scalar weight g has the term ``G_g d(g)``, G_g a scalar)
             (reached by the stdlib strategy ``normal``; ``forms`` stops before ``collect``).
 coefficient G_W, the matrix paired with d(W): ``coeff(w, W)``. The gradient is its transpose.
 weight key  how summands are ordered: by the weight under their differential (name, then index).
@@ -62,6 +63,10 @@ def normal_terms(w: Term):
     pairs = []
     for s in T.summands(w):
         c, rest = T.coefficient(s)
+        scalar_d = T.factors(rest)[-1]
+        if scalar_d.op == "d" and scalar_d.scalar and not any(f.has_d for f in T.factors(rest)[:-1]):
+            pairs.append((scalar_d.args[0], T.mul(T.num(c), *T.factors(rest)[:-1])))  # G d(g), g a scalar
+            continue
         if rest.op != "trace":
             raise FdslError("not in normal form: %s is not trace(G d(W)); apply normal(...) first" % _short(s))
         word = T.factors(rest.args[0])

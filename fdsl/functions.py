@@ -19,7 +19,7 @@ from fractions import Fraction
 from typing import Callable, Optional
 
 from .errors import FdslError
-from .terms import Term, dag_size, eye, tree_size, zero
+from .terms import Term, dag_size, eye, ones, tree_size, zero
 from . import printers
 
 
@@ -152,3 +152,8 @@ def _eye(program, n):
 @function("zeros(rows, cols)", "the zero matrix of a shape")
 def _zeros(program, r, c):
     return zero((program.dim_arg(r), program.dim_arg(c)))
+
+
+@function("ones(rows, cols)", "the matrix of ones of a shape (ones(n, 1) is a column of ones)")
+def _ones(program, r, c):
+    return ones((program.dim_arg(r), program.dim_arg(c)))

@@ -6,10 +6,16 @@ operator   a node label of the term graph: ``mul`` (matrix product, n-ary), ``ad
            ``had`` (Hadamard product ``A * B``), ``t`` (transpose ``A^t``), ``d`` (the differential),
            ``trace``, ``m`` (relu), ``a`` (row-wise softmax), ``mm``/``aa`` (their exact derivatives,
            linear in the second argument), ``pow`` (a scalar to a rational power), ``let`` (a named
-           intermediate, ``E := ...``), and the leaves ``sym``, ``num``, ``zero``, ``eye``.
+           intermediate, ``E := ...``), and the leaves ``sym``, ``num``, ``zero``, ``eye``,
+           ``ones``. Issue 12 adds ``div`` (``A / B``), the componentwise functions ``exp``,
+           ``log``, ``sqrt``, ``tanh``, ``sigmoid``, ``gelu`` with their derivative operators
+           (``dexp(A, B) = exp(A) o B``, ...), the row reductions ``rowsum``, ``rowmean``,
+           ``rowvar``, and the shape constants ``onescol``, ``onesrow``, ``cols``.
 shape      ``(rows, cols)``; each side is a dim name (``"n"``) or an int. Scalars are 1 x 1 and
            additionally flagged ``scalar``: they commute with everything and are neutral in products.
 linear     the argument positions in which an operator is linear: a zero there makes the result zero.
+positive  argument positions where an operator is defined only for positive entries (log, sqrt,
+           a divisor): ``fdsl rules --check`` draws positive values there.
 opaque     rewriting does not look inside (a ``let`` keeps its body as it was defined).
 numpy      an expression template over the argument values ``{0}``, ``{1}``, ...; the numpy backend
            compiles it for evaluation and copies it into generated code. The core never runs it.
@@ -60,6 +66,8 @@ class Op:
     doc: str = ""
     user: bool = False  # declared by a rule file rather than built in
     params: tuple = field(default=())  # argument names, for documentation and rule files
+    positive: tuple = ()  # argument positions where the operator is defined for positive entries only
+    rows: bool = False  # a row reduction: (n x d) -> (n x 1)
 
 
 # ---- shape rules -------------------------------------------------------------------------------
@@ -100,7 +108,7 @@ def _all_same(opname):
 
 def _rebuild_for_message(opname, args):
     # A term cannot be built from mismatched arguments, so messages print a stand-in.
-    return _Word(args, {"+": " + ", "*": " * "}[opname])
+    return _Word(args, " %s " % opname)
 
 
 def same_shape_args(name):
@@ -182,6 +190,27 @@ def _scalar_only(name):
     return rule
 
 
+def _row_reduction(args):
+    (a,) = args
+    if a.shape is None:
+        return None, a.scalar
+    return (a.shape[0], 1), a.scalar
+
+
+def _ones_column(args):
+    (a,) = args
+    return (a.shape[1], 1), a.shape[1] == 1
+
+
+def _ones_row(args):
+    (a,) = args
+    return (1, a.shape[1]), a.shape[1] == 1
+
+
+def _scalar_result(args):
+    return (1, 1), True
+
+
 def _leaf(args):  # leaves carry their shape in their data; terms.py fills it in
     raise AssertionError("leaf shapes are set by their constructors")
 
@@ -225,5 +254,47 @@ for _op in [
        numpy="_aa({0}, {1})"),
     Op("let", 1, _same_as_first, kind="struct", opaque=True,
        doc="a named intermediate (E := ...): prints as its name, evaluates as its body"),
+    # ---- elementwise functions and division (issue 12) ----
+    Op("ones", 0, _leaf, kind="struct", doc="the matrix of ones of a shape: s + A is s ones(n, d) + A"),
+    Op("div", 2, _all_same("/"), kind="struct", linear=(0,), positive=(1,), numpy="({0} / {1})",
+       doc="componentwise division A / B (B of A's shape; by a scalar it is a scalar multiple)"),
+    Op("exp", 1, _same_as_first, latex=r"\exp", numpy="np.exp({0})", doc="componentwise exponential"),
+    Op("log", 1, _same_as_first, latex=r"\log", numpy="np.log({0})", positive=(0,),
+       doc="componentwise natural logarithm"),
+    Op("sqrt", 1, _same_as_first, latex=r"\operatorname{sqrt}", numpy="np.sqrt({0})", positive=(0,),
+       doc="componentwise square root"),
+    Op("tanh", 1, _same_as_first, latex=r"\tanh", numpy="np.tanh({0})", doc="componentwise tanh"),
+    Op("sigmoid", 1, _same_as_first, latex=r"\sigma", numpy="_sigmoid({0})",
+       doc="componentwise logistic function 1 / (1 + exp(-A))"),
+    Op("gelu", 1, _same_as_first, latex=r"\operatorname{GELU}", numpy="_gelu({0})",
+       doc="componentwise GELU, exact: A o Phi(A), Phi the standard normal CDF (torch.nn.GELU())"),
+    # their derivatives: f'(A) o B, linear in B, so d(f(A)) = df(A, d(A))
+    Op("dexp", 2, same_shape_args("dexp"), linear=(1,), numpy="np.exp({0}) * {1}",
+       doc="dexp(A, B) = exp(A) o B, so d(exp(A)) = dexp(A, d(A))"),
+    Op("dlog", 2, same_shape_args("dlog"), linear=(1,), numpy="{1} / {0}", positive=(0,),
+       doc="dlog(A, B) = B / A, so d(log(A)) = dlog(A, d(A))"),
+    Op("dsqrt", 2, same_shape_args("dsqrt"), linear=(1,), numpy="{1} / (2.0 * np.sqrt({0}))", positive=(0,),
+       doc="dsqrt(A, B) = B / (2 sqrt(A)), so d(sqrt(A)) = dsqrt(A, d(A))"),
+    Op("dtanh", 2, same_shape_args("dtanh"), linear=(1,), numpy="_dtanh({0}, {1})",
+       doc="dtanh(A, B) = (1 - tanh(A) o tanh(A)) o B, so d(tanh(A)) = dtanh(A, d(A))"),
+    Op("dsigmoid", 2, same_shape_args("dsigmoid"), linear=(1,), numpy="_dsigmoid({0}, {1})",
+       doc="dsigmoid(A, B) = sigmoid(A) o (1 - sigmoid(A)) o B, so d(sigmoid(A)) = dsigmoid(A, d(A))"),
+    Op("dgelu", 2, same_shape_args("dgelu"), linear=(1,), numpy="_dgelu({0}, {1})",
+       doc="dgelu(A, B) = (Phi(A) + A o phi(A)) o B, so d(gelu(A)) = dgelu(A, d(A))"),
+    Op("ddgelu", 2, same_shape_args("ddgelu"), linear=(1,), numpy="_ddgelu({0}, {1})",
+       doc="ddgelu(A, B) = phi(A) o (2 - A o A) o B, gelu's second derivative: "
+           "d(dgelu(A, B)) = dgelu(A, d(B)) + ddgelu(A, d(A) * B)"),
+    # ---- row reductions ----
+    Op("rowsum", 1, _row_reduction, linear=(0,), rows=True, latex=r"\operatorname{rowsum}",
+       numpy="{0}.sum(axis=1, keepdims=True)", doc="the sums of the rows: (n x d) -> (n x 1)"),
+    Op("rowmean", 1, _row_reduction, linear=(0,), rows=True, latex=r"\operatorname{rowmean}",
+       numpy="{0}.mean(axis=1, keepdims=True)", doc="the means of the rows: (n x d) -> (n x 1)"),
+    Op("rowvar", 1, _row_reduction, rows=True, latex=r"\operatorname{rowvar}",
+       numpy="{0}.var(axis=1, keepdims=True)",
+       doc="the biased variances of the rows (as torch's LayerNorm): (n x d) -> (n x 1)"),
+    # ---- constants made from a shape alone (the argument is dropped when the term is built) ----
+    Op("onescol", 1, _ones_column, doc="onescol(A) = ones(cols(A), 1): A onescol(A) = rowsum(A)"),
+    Op("onesrow", 1, _ones_row, doc="onesrow(A) = ones(1, cols(A)): rowmean(A) onesrow(A) has A's shape"),
+    Op("cols", 1, _scalar_result, doc="the number of columns of A, as a scalar"),
 ]:
     register(_op)

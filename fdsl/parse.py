@@ -162,6 +162,12 @@ class ToAst(Transformer_NonRecursive):
     def shape(self, meta, children):
         return ("shape", tuple(children))
 
+    def shape_word(self, meta, children):
+        # weight g : scalar (the lexer reads the word as a declaration keyword)
+        if str(children[0]) != "scalar":
+            raise FdslError("a shape is rows x cols or scalar, not %r" % str(children[0]), line=meta.line, col=meta.column)
+        return ("shape", "scalar")
+
     def dim_ref(self, meta, children):
         tok = children[0]
         return int(tok) if tok.type == "INT" else str(tok)

@@ -29,7 +29,7 @@ SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
 class Style:
     """How text spells each construct; the other styles override what differs."""
 
-    plus, minus, neg, had_sep, mul_sep = " + ", " - ", "-", " * ", " "
+    plus, minus, neg, had_sep, mul_sep, div_sep = " + ", " - ", "-", " * ", " ", " / "
     lpar, rpar = "(", ")"
 
     def symbol(self, symbol, shape):
@@ -64,6 +64,9 @@ class Style:
     def zero(self, shape):
         return "0"
 
+    def ones(self, shape):
+        return "ones(%s, %s)" % shape
+
     def paren(self, s):
         return self.lpar + s + self.rpar
 
@@ -97,7 +100,7 @@ def _latex_name(name):
 
 
 class LatexStyle(Style):
-    had_sep, mul_sep = r" \circ ", " "
+    had_sep, mul_sep, div_sep = r" \circ ", " ", r" \oslash "
     lpar, rpar = r"\left(", r"\right)"
 
     def symbol(self, symbol, shape):
@@ -132,6 +135,9 @@ class LatexStyle(Style):
 
     def eye(self, dim):
         return "I_{%s}" % dim
+
+    def ones(self, shape):
+        return r"\mathbf{1}_{%s \times %s}" % shape
 
 
 class HtmlStyle(Style):
@@ -204,32 +210,27 @@ class Printer:
             return s.eye(n.data), ATOM, None
         if op == "zero":
             return s.zero(n.data), ATOM, None
+        if op == "ones":
+            return s.ones(n.data), ATOM, None
         if op == "add":
             parts = []
+            matrices = any(not a.scalar and _broadcast_scalar(a) is None for a in n.args)
             for i, a in enumerate(n.args):
                 text, p, unsigned = self.memo[a]
+                scalar = _broadcast_scalar(a) if matrices else None
+                if scalar is not None:  # s ones(n, d) beside matrices prints as s: 1 + exp(A)
+                    text, p, unsigned = self._product(scalar) if scalar else ("1", ATOM, None)
                 if unsigned is not None:
                     parts.append((s.minus if i else s.neg) + unsigned)
                 else:
                     parts.append((s.plus if i else "") + text)
             return "".join(parts), SUM, None
         if op == "mul":
-            args = n.args
-            sign, lead = "", []
-            if args[0].op == "num":
-                c = args[0].data
-                if c < 0:
-                    sign, c = s.neg, -c
-                if c != 1:
-                    num_text = s.number(c)
-                    lead = [num_text if c.denominator == 1 else s.paren(num_text)]
-                args = args[1:]
-            body = s.mul_sep.join(lead + [self._at(a, POSTFIX if a.op == "num" else MUL + 1) for a in args])
-            if sign:
-                return sign + body, SUM, body
-            return body, MUL, None
+            return self._product(n.args)
         if op == "had":
             return s.had_sep.join(self._at(a, HAD + 1) for a in n.args), HAD, None
+        if op == "div":  # binds like *, to the left: A / B / C is (A / B) / C
+            return self._at(n.args[0], HAD) + s.div_sep + self._at(n.args[1], HAD + 1), HAD, None
         if op == "t":
             return s.transpose(self._at(n.args[0], POSTFIX)), POSTFIX, None
         if op == "pow":
@@ -239,6 +240,33 @@ class Printer:
                                   else self.memo[n.args[0]][0]), ATOM, None
         # every other operator prints as a function call
         return s.call(op, [self.memo[a][0] for a in n.args]), ATOM, None
+
+    def _product(self, args):
+        """A product of the printed ``args``: (text, prec, text without its minus sign or None)."""
+        s = self.style
+        sign, lead = "", []
+        if args[0].op == "num":
+            c = args[0].data
+            if c < 0:
+                sign, c = s.neg, -c
+            if c != 1 or len(args) == 1:
+                num_text = s.number(c)
+                lead = [num_text if c.denominator == 1 else s.paren(num_text)]
+            args = args[1:]
+        body = s.mul_sep.join(lead + [self._at(a, POSTFIX if a.op == "num" else MUL + 1) for a in args])
+        if sign:
+            return sign + body, SUM, body
+        return body, MUL if len(lead) + len(args) > 1 else ATOM, None
+
+
+def _broadcast_scalar(t: Term):
+    """The scalar factors of ``t`` if it is a scalar times a matrix of ones (``s ones(n, d)``, how
+    ``s + A`` is stored), else None."""
+    if t.op == "ones":
+        return ()
+    if t.op == "mul" and t.args[-1].op == "ones" and all(a.scalar for a in t.args[:-1]):
+        return t.args[:-1]
+    return None
 
 
 _STYLES = {"text": Style(), "string": StringStyle(), "latex": LatexStyle(), "html": HtmlStyle()}

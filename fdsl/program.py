@@ -69,6 +69,7 @@ class Family:
     indices: tuple
     shape: tuple
     value: object
+    scalar: bool = False  # weight tau[i] : scalar
 
 
 class Program:
@@ -146,6 +147,13 @@ class Program:
         name, line, col = item["name"], item["line"], item["col"]
         shape = item["_shape"]
         where = lambda msg: FdslError(msg, self._src[0], line, col, self._src[1])
+        scalar_weight = False
+        if shape == "scalar":  # const c : scalar is a scalar; weight g : scalar a learnable one
+            if kind == "weight":
+                scalar_weight = True
+            else:
+                kind = "scalar"
+            shape = (1, 1)
         if kind == "scalar":
             if shape is not None and shape != (1, 1):
                 raise where("scalar %s cannot have the shape %s x %s" % ((name,) + shape))
@@ -160,9 +168,9 @@ class Program:
             value = self._symbol_value(kind, name, shape, item["value"])
         self._declare_name(name, kind, line, col)
         if item["indices"]:
-            self.families[name] = Family(kind, item["indices"], shape, value)
+            self.families[name] = Family(kind, item["indices"], shape, value, scalar_weight)
         else:
-            self.symbols[name] = T.sym(Symbol(name, (), kind, value), shape)
+            self.symbols[name] = T.sym(Symbol(name, (), kind, value, scalar_weight), shape)
 
     def _symbol_value(self, kind, name, shape, node: Node):
         if kind == "const" and node.kind == "name" and node.value in ("ones", "identity"):
@@ -230,11 +238,9 @@ class Program:
             return T.neg(as_term(args[0], "the operand of -"))
         if k == "div":
             a, b = as_term(args[0], "a dividend"), as_term(args[1], "a divisor")
-            if not b.scalar:
-                raise self.error("only scalars divide: %s is (%s x %s)" % ((render(b),) + b.shape), node)
             if T.is_zero(b):
                 raise self.error("division by zero", node)
-            return T.mul(a, T.power(b, -1))
+            return T.divide(a, b)
         if k == "transpose":
             return T.transpose(as_term(args[0], "the operand of ^t"))
         if k == "power":
@@ -316,7 +322,7 @@ class Program:
                                                               "" if len(fam.indices) == 1 else "es", len(index)), node)
         if any(i < 0 for i in index):
             raise self.error("indices are whole numbers, not %s" % ", ".join(map(str, index)), node)
-        return T.sym(Symbol(name, index, fam.kind, fam.value), fam.shape)
+        return T.sym(Symbol(name, index, fam.kind, fam.value, fam.scalar), fam.shape)
 
     def _where(self, node: Node, env: dict):
         """``(e where N[i] := b, ...)``: each binding a named intermediate, visible to later ones."""

@@ -142,7 +142,7 @@ class _Compiler:
             raise self.err("a string cannot stand in a rule", n)
         if k == "call":
             op = O.OPS.get(n.value)
-            if op is None or op.arity is None or n.value in ("sym", "num", "zero", "eye"):
+            if op is None or op.arity is None or n.value in ("sym", "num", "zero", "eye", "ones"):
                 raise self.err("unknown operator %r (declare it in a rule file: operator %s(A) numpy \"...\")"
                                % (n.value, n.value), n)
             if op.arity != len(n.args):
@@ -153,11 +153,11 @@ class _Compiler:
             return Op("t", (self(n.args[0]),))
         if k == "power":
             base, e = n.args
-            if e.kind != "number":
-                raise self.err("an exponent in a rule must be a number", e)
-            return Op("pow", (self(base),), Fraction(e.value))
+            return Op("pow", (self(base),), self._number(e))
         if k == "div":
-            return Word(self._flat("mul", n.args[:1]) + (Op("pow", (self(n.args[1]),), Fraction(-1)),))
+            if n.args[1].kind == "number":  # ?A / 2: a scalar multiple
+                return Word(self._flat("mul", n.args[:1]) + (Op("pow", (self(n.args[1]),), Fraction(-1)),))
+            return Op("div", (self(n.args[0]), self(n.args[1])))
         if k == "mul":
             return Word(self._flat("mul", n.args))
         if k == "neg":
@@ -172,6 +172,19 @@ class _Compiler:
         if k == "index":
             raise self.err("indexing x[j] cannot stand in a rule", n)
         raise self.err("%s cannot stand in a rule" % k, n)
+
+    def _number(self, e: Node) -> Fraction:
+        """An exponent: a number, or -, / of numbers (?A^(-1/2))."""
+        if e.kind == "number":
+            return Fraction(e.value)
+        if e.kind == "neg":
+            return -self._number(e.args[0])
+        if e.kind == "div":
+            a, b = self._number(e.args[0]), self._number(e.args[1])
+            if b == 0:
+                raise self.err("division by zero in an exponent", e)
+            return a / b
+        raise self.err("an exponent in a rule must be a number", e)
 
     def _flat(self, kind, nodes):
         out = []

@@ -12,9 +12,12 @@ word       the factors of a product read left to right (a non-product term is a 
 scalar     a 1 x 1 term that commutes: numbers, declared scalars, dims used as numbers, traces,
            and products, sums and powers of those. In a product, scalars stand first.
 
-Smart constructors (``mul``, ``add``, ``transpose``, ``make``) apply only the laws of the
-representation: flattening of associative operators, units (``1``, identity matrices) and zeros
-(a zero factor, summand or linear argument). Everything else about the operators is in rules.
+Smart constructors (``mul``, ``add``, ``divide``, ``transpose``, ``make``) apply only the laws of
+the representation: flattening of associative operators, units (``1``, identity matrices) and
+zeros (a zero factor, summand or linear argument), a scalar beside matrices in a sum added to
+every entry (``s + A`` is ``s ones(n, d) + A``, as numpy broadcasts), division by a scalar as a
+scalar multiple, and the shape constants (``onescol``, ``onesrow``, ``cols``). Everything else
+about the operators is in rules.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class Symbol:
     index: tuple = ()
     kind: str = "const"  # const | scalar | weight | dim
     value: Optional[object] = None  # "ones", "identity", a Term (scalars), an int (dims)
+    scalar: bool = False  # a weight declared ``weight g : scalar``: it commutes like a scalar
 
     def printed(self) -> str:
         """``Q_0`` for ``Q[0]``: the key of the symbol in value files and gradient files."""
@@ -98,7 +102,7 @@ def _intern(op, args, data, shape, scalar):
 
 
 def sym(symbol: Symbol, shape) -> Term:
-    scalar = symbol.kind in ("scalar", "dim")
+    scalar = symbol.kind in ("scalar", "dim") or symbol.scalar
     return _intern("sym", (), (symbol, shape), (1, 1) if scalar else shape, scalar)
 
 
@@ -112,6 +116,14 @@ def zero(shape) -> Term:
     if shape is None or shape == (1, 1):
         return num(0)
     return _intern("zero", (), shape, shape, False)
+
+
+def ones(shape) -> Term:
+    """The matrix of ones of ``shape`` (the number 1 where the shape is scalar): ``s + A`` is
+    ``s ones(n, d) + A``, and ``A ones(d, 1)`` sums the rows of A."""
+    if shape is None or shape == (1, 1):
+        return ONE
+    return _intern("ones", (), tuple(shape), tuple(shape), False)
 
 
 def eye(dim) -> Term:
@@ -146,6 +158,14 @@ def make(op: str, args, data=None) -> Term:
     args = tuple(args)
     if spec.associative:  # flat n-ary operators have their own constructors
         return {"mul": mul, "add": add, "had": hadamard}[op](*args)
+    if op == "div":
+        return divide(*args)
+    if op == "pow" and len(args) == 1 and args[0].op == "num" and data is not None:
+        folded = _fold_power(args[0], Fraction(data))
+        if folded is not None:
+            return folded
+    if op in _SHAPE_CONSTANTS and len(args) == 1:
+        return _SHAPE_CONSTANTS[op](args[0])
     if spec.arity is not None and len(args) != spec.arity:
         raise ShapeError("%s takes %d argument%s, not %d" % (op, spec.arity, "" if spec.arity == 1 else "s", len(args)))
     for i in spec.linear:
@@ -208,6 +228,7 @@ def add(*summands: Term) -> Term:
     flat = []
     for s in summands:
         flat.extend(s.args if s.op == "add" else (s,))
+    flat = _broadcast(flat)
     shape, scalar = OPS["add"].shape(flat) if flat else ((1, 1), True)
     kept = [s for s in flat if not is_zero(s)]
     # numbers are summed into one (the ring of scalars), kept where the first of them stood
@@ -223,6 +244,34 @@ def add(*summands: Term) -> Term:
     if len(kept) == 1:
         return kept[0]
     return _intern("add", tuple(kept), None, shape, scalar)
+
+
+def _broadcast(flat: list) -> list:
+    """Summands with the scalars among matrices added to every entry, as numpy does: the scalar
+    summands become one term ``(s + t) ones(n, d)``, where the first of them stood."""
+    matrix = next((x for x in flat if not x.scalar and x.shape is not None and x.shape != (1, 1)), None)
+    if matrix is None:
+        return flat
+    scalars = [x for x in flat if x.scalar and not is_zero(x)]
+    if not scalars:
+        return flat
+    position = sum(1 for x in flat[:flat.index(scalars[0])] if not x.scalar)
+    rest = [x for x in flat if not x.scalar]
+    rest.insert(position, mul(add(*scalars), ones(matrix.shape)))
+    return rest
+
+
+def divide(a: Term, b: Term) -> Term:
+    """``a / b``: by a scalar, a scalar multiple; by a matrix, componentwise (a scalar ``a`` is
+    divided by every entry)."""
+    if b.scalar:
+        return mul(a, power(b, -1))
+    if a.scalar and b.shape is not None:
+        a = mul(a, ones(b.shape))
+    shape, _ = OPS["div"].shape((a, b))
+    if is_zero(a):
+        return zero(shape)
+    return _intern("div", (a, b), None, shape, False)
 
 
 def hadamard(*factors: Term) -> Term:
@@ -264,10 +313,34 @@ def power(base: Term, exponent) -> Term:
     exponent = Fraction(exponent)
     if exponent == 1:
         return base
-    if base.op == "num":
-        if exponent.denominator == 1 and (base.data != 0 or exponent >= 0):  # 0^0 = 1, as the parser reads it
-            return num(base.data ** int(exponent))
     return make("pow", (base,), exponent)
+
+
+def _fold_power(base: Term, exponent: Fraction):
+    """A number to a whole power as a number (None when it stays a power: 2^(1/2), 0^(-1))."""
+    if exponent == 1:
+        return base
+    if exponent.denominator == 1 and (base.data != 0 or exponent >= 0):  # 0^0 = 1, as the parser reads it
+        return num(base.data ** int(exponent))
+    return None
+
+
+def cols(t: Term) -> Term:
+    """The number of columns of ``t`` as a scalar: a number, or the dim that names it."""
+    c = t.shape[1] if t.shape is not None else 1
+    if isinstance(c, int):
+        return num(c)
+    return sym(Symbol(c, (), "dim", None), (1, 1))
+
+
+# Operators that stand for a constant made from the shape of their argument only (the argument
+# itself is dropped, so a differential inside it leaves nothing behind): rules write
+# ``onescol(?A)`` for the column of ones that sums the rows of ?A.
+_SHAPE_CONSTANTS = {
+    "onescol": lambda t: ones((t.shape[1], 1)),
+    "onesrow": lambda t: ones((1, t.shape[1])),
+    "cols": cols,
+}
 
 
 def let(name: str, index: tuple, body: Term) -> Term:

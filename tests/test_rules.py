@@ -115,11 +115,11 @@ def test_fdsl_run_rules_option_loads_a_rule_file(tmp_path):
     assert r.stdout.strip() == "A"
 
 
-def test_tanh_example_adds_an_operator_and_fdsl_run_uses_it():
-    r = fdsl_cli("run", "examples/tanh.fd")
+def test_softplus_example_adds_an_operator_and_fdsl_run_uses_it():
+    r = fdsl_cli("run", "examples/softplus.fd")
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
-    assert "tanhd(" in first and "dU" in first and "dV" in first
+    assert "softplusd(" in first and "dU" in first and "dV" in first
 
 
 def test_looping_rules_stop_with_the_rules_that_fired_last():

@@ -2,7 +2,7 @@
 
 The checker's oracle (fdsl.check) evaluates both sides of a rule on random terms of consistent
 shapes, with d(T) evaluated by finite differences along a random tangent (evaluation only, never
-the rules). These tests hold it to both halves of its job: the stdlib and examples/tanh.rules come
+the rules). These tests hold it to both halves of its job: the stdlib and examples/softplus.rules come
 out sound, and planted unsound rules, including near misses of real stdlib rules (the manual's
 flip without the transpose, a cycle in the wrong order), come out UNSOUND with exit code 1.
 """
@@ -111,12 +111,12 @@ def test_one_bad_rule_among_good_ones(run_fdsl, tmp_path):
     assert found["good"][0] == "sound" and found["bad"][0] == "UNSOUND"
 
 
-def test_the_tanh_example_is_sound(run_fdsl, examples):
+def test_the_softplus_example_is_sound(run_fdsl, examples):
     # in a subprocess: the file declares operators, which live in the process-wide table
-    r = run_fdsl("rules", "--check", examples / "tanh.rules")
+    r = run_fdsl("rules", "--check", examples / "softplus.rules")
     assert r.returncode == 0, r.stdout + r.stderr
     found = verdicts(r.stdout)
-    assert set(found) == {"d-tanh", "tanhd-sum", "tanhd-scalar", "t-tanhd", "flip-tanhd"}
+    assert set(found) == {"d-softplus", "softplusd-sum", "softplusd-scalar", "t-softplusd", "flip-softplusd"}
     assert all(status == "sound" for status, _ in found.values())
 
 
@@ -124,14 +124,14 @@ def test_rules_that_cannot_be_instantiated_are_skipped_with_a_reason(tmp_path):
     path = tmp_path / "odd.rules"
     path.write_text("ruleset mine\n"
                     "rule contradiction: d(?A) => 0 when has_d(?A), not has_d(?A)\n"
-                    "rule scalar-weight: trace(?c) => ?c when weight(?c), scalar(?c)\n")
+                    "rule log-of-form: trace(log(?A)) => trace(log(?A)^t) when has_d(?A)\n")
     out = io.StringIO()
     assert C.check([path], trials=5, out=out) == 0  # skipped is not unsound
     found = verdicts(out.getvalue())
     assert found["contradiction"][0] == "skipped"
     assert "both has_d(?A) and not has_d(?A)" in found["contradiction"][1]
-    assert found["scalar-weight"][0] == "skipped"
-    assert "cannot be a scalar" in found["scalar-weight"][1]
+    assert found["log-of-form"][0] == "skipped"
+    assert "?A must be positive, and a form is not" in found["log-of-form"][1]
     assert "0 sound, 0 UNSOUND, 2 skipped" in out.getvalue()
 
 

@@ -290,7 +290,7 @@ class Lowering:
     @staticmethod
     def _ones(t: Term) -> bool:
         base, _ = canon(t)
-        return base.op == "sym" and base.data[0].value == "ones"
+        return base.op == "ones" or (base.op == "sym" and base.data[0].value == "ones")
 
     def _deps(self, b: Term) -> list:
         """The bases the statement computing base ``b`` reads."""
@@ -450,7 +450,7 @@ class Lowering:
         symbol, shape = b.data
         name = symbol.printed()
         var = self._fresh(name)
-        if symbol.kind == "scalar":
+        if b.scalar:  # declared scalars and scalar weights
             self.inputs.append(_Stmt(var, "%s = float(np.asarray(values[%r]).reshape(()))" % (var, name), ()))
             return _Ref(var, False, True)
         self._input_shapes.append((var, shape))
@@ -473,6 +473,8 @@ class Lowering:
             return self._constant("zeros", b.data, "zeros")
         if op == "eye":
             return self._constant("eye", (b.data, b.data), "eye")
+        if op == "ones":
+            return self._constant("ones", b.data, "ones")
         if op == "d":
             raise FdslError("cannot generate code for %s: a differential has no numeric value; generate "
                             "the coefficients of a normal form instead" % _short(b))
@@ -645,7 +647,7 @@ class Lowering:
     @staticmethod
     def _ones_factor(factor) -> bool:
         b, _ = factor
-        return b.op == "sym" and b.data[0].value == "ones"
+        return b.op == "ones" or (b.op == "sym" and b.data[0].value == "ones")
 
     @staticmethod
     def _sum_axis(ref: _Ref, axis: int, expr: str) -> str:

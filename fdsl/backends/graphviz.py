@@ -136,7 +136,7 @@ def _roots(value) -> list:
     return roots
 
 
-_LEAVES = ("sym", "num", "eye", "zero")
+_LEAVES = ("sym", "num", "eye", "zero", "ones")
 
 
 def _node_data(node: Term, collapse_lets: bool) -> dict:
@@ -153,11 +153,13 @@ def _node_data(node: Term, collapse_lets: bool) -> dict:
         elif symbol.kind == "const":
             style.update(style="rounded,filled", fillcolor=CONST_GREY)
         data["dot"] = style
-    elif op in ("num", "zero", "eye"):
+    elif op in ("num", "zero", "eye", "ones"):
         if op == "num":
             data["label"] = _TEXT.number(node.data)
         elif op == "eye":
             data["label"] = _TEXT.eye(node.data)
+        elif op == "ones":
+            data["label"] = _TEXT.ones(node.data)
         else:
             data["label"] = "0 (%s x %s)" % node.data
         data["dot"] = {"shape": "box", "style": "rounded"}

@@ -59,7 +59,7 @@ from ..terms import Symbol, Term, postorder, sym, tree_size
 
 _RUNTIME = {name: f for name, f in vars(numpy_runtime).items()
             if inspect.isfunction(f) and f.__module__ == numpy_runtime.__name__}
-_LEAVES = ("sym", "zero", "eye", "let", "d")
+_LEAVES = ("sym", "zero", "eye", "ones", "let", "d")
 
 
 def runtime_source() -> str:
@@ -143,6 +143,8 @@ class Evaluator:
             return np.zeros(self.shape(node.data, "the zero matrix"))
         if op == "eye":
             return np.eye(self.size(node.data, "the identity matrix"))
+        if op == "ones":
+            return np.ones(self.shape(node.data, "the matrix of ones"))
         if op == "let":
             return self.memo[node.args[0]]
         if op == "d" and self.tangent is not None:
@@ -405,7 +407,7 @@ def symbol_term(program, name: str) -> Optional[Term]:
         family = program.families[m.group(1)]
         index = tuple(int(i) for i in m.group(2).split("_")[1:])
         if len(index) == len(family.indices):
-            return sym(Symbol(m.group(1), index, family.kind, family.value), family.shape)
+            return sym(Symbol(m.group(1), index, family.kind, family.value, family.scalar), family.shape)
     return None
 
 

@@ -16,6 +16,9 @@ The definitions are exact and are the ones the whole project uses (DESIGN.md):
 - ``_aa(A, B) = S o (B - rowsum(S o B) 1^t)``: the softmax Jacobian at A applied to B; it is linear
   in B and ``d(a(A)) = aa(A, d(A))``.
 - ``_mul(*factors)``: an n-ary matrix product, scalars multiplied in, folded left to right.
+- ``_sigmoid``, ``_gelu`` and the derivative operators ``_dtanh``, ``_dsigmoid``, ``_dgelu``,
+  ``_ddgelu`` (``f'(A) o B``, ``f''(A) o B``): GELU is the exact erf form of torch.nn.GELU(),
+  with Phi the standard normal CDF (from ``math.erfc``, exact in both tails) and phi its density.
 
 This module imports nothing but numpy so that its source can be copied verbatim into generated
 code (``fdsl codegen``): keep it that way.
@@ -69,3 +72,49 @@ def _mul(*factors):
         return np.full((1, 1), coeff)
     # a coefficient of exactly 1 (no scalars, or a product of ones) costs nothing
     return product if coeff == 1.0 else coeff * product
+
+
+def _Phi(A):
+    """The standard normal CDF, componentwise: erfc(-A / sqrt 2) / 2 (accurate in both tails)."""
+    import math  # here, not at the top: this source is copied into generated code as it is
+
+    A = np.asarray(A, dtype=np.float64)
+    return np.frompyfunc(lambda x: 0.5 * math.erfc(-x * 0.7071067811865476), 1, 1)(A).astype(np.float64)
+
+
+def _phi(A):
+    """The standard normal density, componentwise."""
+    return np.exp(-0.5 * A * A) * 0.3989422804014327
+
+
+def _gelu(A):
+    """GELU, exact: A o Phi(A)."""
+    return A * _Phi(A)
+
+
+def _dgelu(A, B):
+    """gelu'(A) o B = (Phi(A) + A o phi(A)) o B."""
+    return (_Phi(A) + A * _phi(A)) * B
+
+
+def _ddgelu(A, B):
+    """gelu''(A) o B = phi(A) o (2 - A o A) o B."""
+    return _phi(A) * (2.0 - A * A) * B
+
+
+def _sigmoid(A):
+    """1 / (1 + exp(-A)), without overflow for entries of either sign."""
+    e = np.exp(-np.abs(A))
+    return np.where(np.asarray(A) >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _dsigmoid(A, B):
+    """sigmoid'(A) o B = S o (1 - S) o B, S = sigmoid(A)."""
+    S = _sigmoid(A)
+    return S * (1.0 - S) * B
+
+
+def _dtanh(A, B):
+    """tanh'(A) o B = (1 - tanh(A)^2) o B."""
+    T = np.tanh(A)
+    return (1.0 - T * T) * B
