@@ -36,3 +36,12 @@ def test_set_up_commands_are_the_main_job_and_the_tests():
 def test_every_example_named_in_the_readme_exists():
     for name in set(re.findall(r"examples/[\w/]+\.(?:fd|rules|svg)", README)):
         assert (ROOT / name).exists(), name
+
+
+def test_the_elementwise_example_and_its_output_are_real():
+    program = (ROOT / "examples" / "elementwise.fd").read_text()
+    i = next(i for i, b in enumerate(BLOCKS) if b.strip() == program.split("\n", 1)[1].strip())
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/elementwise.fd"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == BLOCKS[i + 1]

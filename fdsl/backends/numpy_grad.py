@@ -115,7 +115,9 @@ def gradients(program, w, evaluator: Optional[Evaluator] = None, what: str = "th
             return {}
         return compile_gradients(w, program.dims)(program_values(program))
     coeffs = coefficients(program, w, what)
-    return {x.data[0].printed(): evaluator.value(g).T for x, g in coeffs.items()}
+    # the gradient of a scalar weight is a number: a 0-d array, as its value in a values file
+    return {x.data[0].printed(): evaluator.value(g).T.reshape(()) if x.scalar else evaluator.value(g).T
+            for x, g in coeffs.items()}
 
 
 def symbol_leaves(terms) -> dict:
@@ -148,6 +150,9 @@ class Gradients(dict):
             return "(no weights: the form is 0)"
         parts = []
         for name, g in self.items():
+            if g.ndim == 0:  # a scalar weight
+                parts.append("%s (scalar): %.10g" % (name, g))
+                continue
             parts.append("%s (%d x %d):\n%s" % ((name,) + g.shape + (np.array2string(g, precision=6, max_line_width=120),)))
         return "\n".join(parts)
 
@@ -164,7 +169,7 @@ def _grad(program, w, weight=None):
     g = grads.get(x.data[0].printed())
     if g is None:  # the form does not involve W: its gradient there is zero
         g = program_evaluator(program).value(T.zero(x.shape))
-    return Numeric(g, x)
+    return Numeric(np.reshape(g, (1, 1)) if np.ndim(g) == 0 else g, x)
 
 
 # ---- fdsl grad FILE --form NAME (--values IN.npz | --random SEED) --out OUT.npz --------------------
