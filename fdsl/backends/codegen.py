@@ -411,15 +411,20 @@ class Lowering:
             if b not in self.refs:
                 self.refs[b] = self._emit(b)
         results = {}
+        inputs = {s.target for s in self.inputs}
+        handed_out: set = set()
         for name, t in self.outputs.items():
             ref = self.ref(t)
             if ref.scalar:
                 shape, _ = self._shape_code(t.shape)
                 results[name] = ("np.full(%s, %s)" % (shape, ref.var), (ref.var,))
-            elif ref.var in self._module_vars() or ref.var in self._runtime_const_vars():
-                results[name] = ("%s.copy()" % ref.expr(), (ref.var,))  # never hand out a constant
+            elif (ref.var in self._module_vars() or ref.var in self._runtime_const_vars() or ref.var in inputs
+                  or ref.var in handed_out):
+                # never hand out a constant, the caller's own array, or one array as two results
+                results[name] = ("%s.copy()" % ref.expr(), (ref.var,))
             else:
                 results[name] = (ref.expr(), (ref.var,))
+                handed_out.add(ref.var)
         return results
 
     def ref(self, t: Term) -> _Ref:
