@@ -32,7 +32,7 @@ from . import terms as T
 from .cli import subcommand
 from .errors import FdslError
 from .functions import as_int, describe, function
-from .statements import Write
+from .statements import Write, target_of
 from .terms import Term
 
 
@@ -165,6 +165,8 @@ def _train(program, w, steps, lr, every=None):
 
 
 def _cmd_train(args) -> int:
+    if args.out is not None:
+        target_of(args.out)  # a path that cannot be written fails before the work
     from .backends.numpy_grad import check_given, form_named, load_with_values
 
     every = _check_schedule(args.steps, args.lr, args.every)
@@ -190,10 +192,7 @@ def _cmd_train(args) -> int:
             with open(tmp, "wb") as f:
                 np.savez(f, **values)
 
-        try:
-            Write(out, write).perform(None, program)
-        except OSError as e:
-            raise FdslError("cannot write the trained values: %s" % (e.strerror or e), file=str(out)) from None
+        Write(out, write).perform(None, program)
         print("wrote %s: %d arrays (the trained weights %s and the constants)" % (out, len(values), ", ".join(trainer.weights)))
     return 0
 

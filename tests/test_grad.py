@@ -235,4 +235,4 @@ def test_cli_errors(run_fdsl, examples, tmp_path, args, message):
 def test_cli_unwritable_output(run_fdsl, examples, tmp_path):
     r = run_fdsl("grad", examples / "encoder2.fd", "--form", "w", "--random", "0", "--out", tmp_path)
     assert r.returncode == 2
-    assert "cannot write the gradients" in r.stderr and "Traceback" not in r.stderr
+    assert "cannot write this file: it is a folder" in r.stderr and "Traceback" not in r.stderr

@@ -929,6 +929,9 @@ def normal_form_of(program, value, name: str) -> Term:
 
 def _cmd_codegen(args) -> int:
     from ..program import load
+    from ..statements import target_of
+
+    target_of(args.output)  # a path that cannot be written fails before the work
     from .numpy_grad import form_named
 
     program = load(args.file, rules=args.rules or ())
@@ -939,10 +942,7 @@ def _cmd_codegen(args) -> int:
     origin = "form %s of %s" % (name, args.file)
     source = gradients_source(w, program.dims, origin)
     out = Path(args.output)
-    try:
-        atomic_write(out, lambda tmp: tmp.write_text(source))
-    except OSError as e:
-        raise FdslError("cannot write the generated code: %s" % (e.strerror or e), file=str(out)) from None
+    atomic_write(out, lambda tmp: tmp.write_text(source))
     print("wrote %s: grads(values) for %d weight%s" % (out, len(gradient_terms(w)),
                                                       "" if len(gradient_terms(w)) == 1 else "s"))
     return 0

@@ -34,7 +34,7 @@ from ..cli import subcommand
 from ..errors import FdslError
 from ..functions import as_term, describe, function
 from ..printers import text
-from ..statements import Write
+from ..statements import Write, target_of
 from ..terms import Term, postorder
 from .numpy_eval import Numeric, program_evaluator, program_values
 
@@ -220,6 +220,7 @@ def check_given(program, terms, source: Optional[str]) -> None:
 
 
 def _cmd_grad(args) -> int:
+    target_of(args.out)  # a path that cannot be written fails before the work
     program = load_with_values(args)
     w = form_named(program, args.form)
     coeffs = coefficients(program, w, args.form)
@@ -231,10 +232,7 @@ def _cmd_grad(args) -> int:
         with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a bare name
             np.savez(f, **grads)
 
-    try:
-        Write(out, write).perform(None, program)
-    except OSError as e:
-        raise FdslError("cannot write the gradients: %s" % (e.strerror or e), file=str(out)) from None
+    Write(out, write).perform(None, program)
     print("wrote %s: %d gradient%s (%s)" % (out, len(grads), "" if len(grads) == 1 else "s", ", ".join(grads)))
     return 0
 
