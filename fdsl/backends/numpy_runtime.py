@@ -18,7 +18,8 @@ The definitions are exact and are the ones the whole project uses (DESIGN.md):
 - ``_mul(*factors)``: an n-ary matrix product, scalars multiplied in, folded left to right.
 - ``_sigmoid``, ``_gelu`` and the derivative operators ``_dtanh``, ``_dsigmoid``, ``_dgelu``,
   ``_ddgelu`` (``f'(A) o B``, ``f''(A) o B``): GELU is the exact erf form of torch.nn.GELU(),
-  with Phi the standard normal CDF (from ``math.erfc``, exact in both tails) and phi its density.
+  with Phi the standard normal CDF (``_erfc_nonneg``: numpy only, accurate in both tails)
+  and phi its density.
 
 This module imports nothing but numpy so that its source can be copied verbatim into generated
 code (``fdsl codegen``): keep it that way.
@@ -74,12 +75,34 @@ def _mul(*factors):
     return product if coeff == 1.0 else coeff * product
 
 
-def _Phi(A):
-    """The standard normal CDF, componentwise: erfc(-A / sqrt 2) / 2 (accurate in both tails)."""
-    import math  # here, not at the top: this source is copied into generated code as it is
+def _erfc_nonneg(z):
+    """erfc(z) for z >= 0 to a few ulps, in numpy alone: below 1 as 1 - erf(z) from the series
+    erf(z) = 2/sqrt(pi) exp(-z^2) sum_n (2 z^2)^n z / (1 3 5 ... (2n+1)) (positive terms, no
+    cancellation), from 1 on by the continued fraction exp(-z^2)/sqrt(pi) / (z + (1/2)/(z + 1/(z +
+    (3/2)/(z + ...)))), which keeps its relative accuracy however small erfc(z) is."""
+    z = np.asarray(z, dtype=np.float64)
+    out = np.empty_like(z)
+    small = z < 1.0
+    zs = z[small]
+    z2 = zs * zs
+    term, total = zs.copy(), zs.copy()
+    for n in range(1, 40):
+        term = term * (2.0 * z2 / (2 * n + 1))
+        total += term
+    out[small] = 1.0 - 1.1283791670955126 * np.exp(-z2) * total
+    zl = z[~small]
+    f = np.zeros_like(zl)
+    for k in range(160, 0, -1):
+        f = (0.5 * k) / (zl + f)
+    out[~small] = 0.5641895835477563 * np.exp(-zl * zl) / (zl + f)
+    return out
 
-    A = np.asarray(A, dtype=np.float64)
-    return np.frompyfunc(lambda x: 0.5 * math.erfc(-x * 0.7071067811865476), 1, 1)(A).astype(np.float64)
+
+def _Phi(A):
+    """The standard normal CDF, componentwise: erfc(-A / sqrt 2) / 2, accurate in both tails."""
+    z = np.asarray(A, dtype=np.float64) * 0.7071067811865476
+    tail = 0.5 * _erfc_nonneg(np.abs(z))
+    return np.where(z < 0, tail, 1.0 - tail)
 
 
 def _phi(A):
