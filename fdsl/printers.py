@@ -230,7 +230,13 @@ class Printer:
         if op == "had":
             return s.had_sep.join(self._at(a, HAD + 1) for a in n.args), HAD, None
         if op == "div":  # binds like *, to the left: A / B / C is (A / B) / C
-            return self._at(n.args[0], HAD) + s.div_sep + self._at(n.args[1], HAD + 1), HAD, None
+            scalar = _broadcast_scalar(n.args[0])  # 1 / A is stored as ones(n, d) / A
+            if scalar is not None:
+                text, p, _ = self._product(scalar) if scalar else ("1", ATOM, None)
+                top = self.style.paren(text) if p < HAD else text
+            else:
+                top = self._at(n.args[0], HAD)
+            return top + s.div_sep + self._at(n.args[1], HAD + 1), HAD, None
         if op == "t":
             return s.transpose(self._at(n.args[0], POSTFIX)), POSTFIX, None
         if op == "pow":
