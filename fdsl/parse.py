@@ -53,7 +53,7 @@ class Stmt:
 
 # Friendly names for the grammar's terminals, used in "expected ..." messages.
 _TERMINALS = {
-    "NAME": "a name", "INT": "a number", "NUMBER": "a number", "STRING": 'a string in "quotes"',
+    "NAME": "a name", "INT": "a number", "NUMBER": "a number", "RATIONAL": "a number", "STRING": 'a string in "quotes"',
     "CALL": "a function call", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
     "COMMA": "','", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
     "CIRCUMFLEX": "'^'", "EQUAL": "'='", "COLON": "':'", "SEMICOLON": "';'", "_NL": "end of line",
