@@ -557,3 +557,123 @@ def test_cli_deps_of_encoder2(tmp_path):
     text = out.read_text()
     # 12 weights, and the coefficient of each of their differentials
     assert len({tail for tail, _ in dot_edges(text)}) == 12 and "coeff of dQ_0" in text
+
+
+# ---- the dependency path view: "does the coefficient of dK_5 involve Q_3, and through what?" ------
+
+
+def test_named_graph_links_each_definition_to_the_names_it_uses(deep):
+    g = deep.expr("coeff(w, K[5])")
+    named = dv.named_graph(g)
+    names = {t: (tg.let_name(t) if t.op == "let" else t.data[0].printed()) for t in named if t is not g}
+    by_name = {v: k for k, v in names.items()}
+    assert {"X_5", "G_6", "K_5", "Q_5"} <= {names[t] for t in named.successors(g)}
+    # X_5 := layer 4 of X_4: X_4 under m(a(...)), the weights of layer 4
+    x5 = by_name["X_5"]
+    assert {names[t] for t in named.successors(x5)} == {"X_4", "Q_4", "K_4", "V_4", "W_4", "b_4", "f_4"}
+    assert named.edges[x5, by_name["X_4"]]["via"] == ["m(...)"]
+    assert named.edges[x5, by_name["Q_4"]]["via"] == ["m(...)", "a(...)"]
+    # the adjoint G_6 uses G_7 (the layer above), and X_6
+    assert {"G_7", "X_6"} <= {names[t] for t in named.successors(by_name["G_6"])}
+
+
+def test_path_view_of_the_manuals_question(deep):
+    g, q3, k5 = deep.expr("coeff(w, K[5])"), deep.expr("Q[3]"), deep.expr("K[5]")
+    graph = dv.path_view(g, q3, k5)
+    assert graph.graph["title"] == ("does the coefficient of dK_5 involve Q_3?  true, via "
+                                    "X_5 > m(...) > X_4 > m(...) > a(...) > Q_3")
+    red = [(u, v) for u, v, d in graph.edges(data=True) if d["dot"]["color"] == dv.PATH_RED]
+    assert sorted(red) == sorted([("coeff", "let_X_5"), ("let_X_5", "let_X_4"), ("let_X_4", "w_Q_3")])
+    assert graph.edges["let_X_4", "w_Q_3"]["dot"]["label"] == "m(...) > a(...)"
+    # every way Q_3 reaches the coefficient: through X_5, and through the adjoints G_6, G_7, the
+    # error E and the later layers X_8 ... X_6, which all rest on X_4; nothing below X_4
+    lets = {graph.nodes[v]["label"].split(" :=")[0] for v in graph if graph.nodes[v]["op"] == "let"}
+    assert lets == {"X_4", "X_5", "X_6", "X_7", "X_8", "E", "G_6", "G_7"}
+    nx_ = nx
+    for v in graph:
+        assert v == "coeff" or nx_.has_path(graph, "coeff", v)
+        assert v == "w_Q_3" or nx_.has_path(graph, v, "w_Q_3")
+    assert graph.nodes["let_X_5"]["label"].startswith("X_5 := m(a(s X_4 Q_4 K_4^t X_4^t)")
+
+
+def test_path_view_when_the_answer_is_no(deep):
+    g = deep.expr("coeff(w, K[3])")
+    graph = dv.path_view(g, deep.expr("Q[5]"), deep.expr("K[3]"))
+    assert "true, via" in graph.graph["title"]  # the adjoints carry layer 5 down to layer 3
+    p = fdsl.parse("dim n = 2\nconst X : n x n\nweight A, B : n x n\nw = trace(X d(A)) + trace(A d(B))")
+    graph = dv.path_view(forms_coeff(p, "A"), p.expr("B"), p.expr("A"))
+    assert graph.graph["title"].endswith("false")
+    assert graph.number_of_edges() == 0 and graph.number_of_nodes() == 2
+    with pytest.raises(FdslError, match="must be a weight"):
+        dv.path_view(forms_coeff(p, "A"), p.expr("X"), p.expr("A"))
+
+
+def forms_coeff(p, name):
+    return fdsl.forms.coeff(p["w"], p.expr(name))
+
+
+@needs_dot
+def test_cli_deps_path_view_renders(tmp_path):
+    out = tmp_path / "q3k5.svg"
+    done = run_cli("deps", ROOT / "examples" / "deep.fd", "--form", "w", "--weight", "Q[3]", "--coeff", "K[5]",
+                   "-o", out)
+    assert done.returncode == 0, done.stderr
+    svg = out.read_text()
+    assert svg_nodes(svg) == 10
+    assert "does the coefficient of dK_5 involve Q_3?" in svg and "X_4 := m(a(s X_3" in svg
+
+
+def test_cli_deps_flags_go_together_and_take_weights(tmp_path):
+    deep = ROOT / "examples" / "deep.fd"
+    done = run_cli("deps", deep, "--form", "w", "--weight", "Q[3]", "-o", tmp_path / "x.dot")
+    assert done.returncode == 2 and "--weight and --coeff go together" in done.stderr
+    done = run_cli("deps", deep, "--form", "w", "--weight", "Q[3]", "--coeff", "X0", "-o", tmp_path / "x.dot")
+    assert done.returncode == 2 and "expected a weight" in done.stderr and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- sizes: refused before layout; slow steps say so -------------------------------------------------
+
+
+def test_a_picture_too_big_is_refused_before_layout(deep, monkeypatch):
+    import graphviz
+
+    def no_layout(*a, **k):
+        raise AssertionError("dot was started")
+
+    monkeypatch.setattr(graphviz.Digraph, "pipe", no_layout)
+    w = deep["w"]
+    with pytest.raises(FdslError, match="more than 300 boxes.*expand fewer named intermediates"):
+        gv.diagram(w, expand="all")
+    pairs = {deep.expr("Q[%d]" % i): {deep.expr("K[%d]" % j) for j in range(8)} for i in range(8)}
+    with pytest.raises(FdslError, match="64 edges between 24 boxes, more than 50.*--max-edges"):
+        gv.Diagram(dv.deps_graph(pairs), max_edges=50)
+
+
+def test_slow_steps_say_so(capsys):
+    import threading
+
+    from fdsl.progress import slow
+
+    said = threading.Event()
+
+    class Err:
+        lines = []
+
+        def write(self, s):
+            self.lines.append(s)
+            said.set()
+
+        def flush(self):
+            pass
+
+    err = Err()
+    with slow("laying out 12 boxes", after=0.01, out=err):
+        assert said.wait(30)  # the body outlasts the note: the note comes while it runs
+    assert err.lines[0].startswith("fdsl: laying out 12 boxes (still working after 0 s)")
+    assert "laying out 12 boxes: done in" in err.lines[-1]
+    quiet = Err()
+    quiet.lines = []
+    with slow("quick", after=60, out=quiet):
+        pass
+    assert quiet.lines == []
