@@ -13,7 +13,7 @@ picture      ``diagram(E)`` (also ``E.diagram()``) and ``deps(w, V, W)`` return 
     >>> p = fdsl.parse("dim n = 2\\nconst X : n x n\\nweight W : n x n")
     >>> X, W = p["X"], p["W"]
     >>> print(fdsl.trace((X @ W).T @ fdsl.d(X @ W)))
-    trace(W^t X^t X dW)
+    trace((X W)^t d(X W))
 """
 
 from __future__ import annotations

@@ -98,6 +98,9 @@ class Dependence:
     def __bool__(self):
         return self.holds
 
+    def __repr__(self):
+        return self.show()
+
     def show(self) -> str:
         if not self.holds:
             return "false"

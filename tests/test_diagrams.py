@@ -677,3 +677,51 @@ def test_slow_steps_say_so(capsys):
     with slow("quick", after=60, out=quiet):
         pass
     assert quiet.lines == []
+
+
+# ---- the README's pictures -----------------------------------------------------------------------
+
+
+README = (ROOT / "README.md").read_text()
+README_DRAWINGS = re.findall(r"^(fdsl (?:diagram|deps) .*)$", README, re.M)
+
+
+def test_the_readme_shows_its_pictures():
+    assert len(README_DRAWINGS) >= 3
+    for command in README_DRAWINGS:
+        picture = command.split(" -o ")[1].strip()
+        assert "](%s)" % picture in README, picture  # each command's picture is shown
+        assert (ROOT / picture).exists(), picture
+
+
+def png_size(path):
+    import struct
+
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_the_depth_8_pictures_are_small_enough_to_read():
+    for name in ("coeff_K5_deep.png", "deps_Q3_K5_deep.png"):
+        width, height = png_size(ROOT / "examples" / name)
+        assert max(width, height) < 3000, name
+
+
+@needs_dot
+@pytest.mark.parametrize("command", README_DRAWINGS)
+def test_the_readme_drawing_commands_make_their_pictures(command, tmp_path):
+    import shlex
+
+    args = shlex.split(command)[1:]
+    out = Path(args[args.index("-o") + 1])
+    args[args.index("-o") + 1] = str(tmp_path / (out.stem + ".svg"))
+    done = run_cli(*args, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    svg = (tmp_path / (out.stem + ".svg")).read_text()
+    (nodes,) = re.findall(r"\((\d+) nodes\)", done.stdout)
+    assert svg_nodes(svg) == int(nodes)
+    if out.suffix == ".png":  # the committed picture is this drawing, at the same size
+        width, height = png_size(ROOT / out)
+        view = re.search(r'<svg width="(\d+)pt" height="(\d+)pt"', svg)
+        assert abs(int(view.group(1)) * 96 / 72 - width) < 4 and abs(int(view.group(2)) * 96 / 72 - height) < 4
