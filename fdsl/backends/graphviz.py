@@ -29,7 +29,7 @@ from ..cli import subcommand
 from ..errors import FdslError
 from ..functions import describe, function
 from ..progress import slow
-from ..statements import Write, atomic_write
+from ..statements import Write, target_of
 from . import depsview
 from .termgraph import term_graph
 
@@ -246,11 +246,11 @@ class Diagram:
         fmt = output_format(path)
         source = self.source
         if fmt is None:
-            return DiagramWrite(path, lambda tmp: tmp.write_text(source, encoding="utf-8")), False
+            return Write(path, lambda tmp: tmp.write_text(source, encoding="utf-8")), False
         import shutil
 
         if shutil.which("dot") is None:
-            return DiagramWrite(path.with_suffix(".dot"), lambda tmp: tmp.write_text(source, encoding="utf-8")), True
+            return Write(path.with_suffix(".dot"), lambda tmp: tmp.write_text(source, encoding="utf-8")), True
 
         def draw(tmp: Path):
             try:
@@ -259,23 +259,13 @@ class Diagram:
                 raise FdslError("Graphviz's dot program is not installed; %s" % INSTALL_HINT) from None
             tmp.write_bytes(data)
 
-        return DiagramWrite(path, draw), False
+        return Write(path, draw), False
 
     def save(self, path) -> "Rendered":
         """Write the picture to ``path`` (.svg .png .pdf through dot; .dot as is)."""
         write, fallback = self.plan(path)
         write.perform(None, None)
         return Rendered(write.path, fallback)
-
-
-class DiagramWrite(Write):
-    """A Write whose failures are the user's to fix (a missing directory, no permission)."""
-
-    def perform(self, out, program):
-        try:
-            super().perform(out, program)
-        except OSError as e:
-            raise FdslError("cannot write this file: %s" % (e.strerror or e), file=str(self.path)) from None
 
 
 class Rendered:
@@ -306,14 +296,14 @@ def render(dot_text: str, path) -> Rendered:
         tmp.write_text(dot_text, encoding="utf-8")
 
     if fmt is None:
-        DiagramWrite(path, write_text).perform(None, None)
+        Write(path, write_text).perform(None, None)
         return Rendered(path, False)
     try:
         data = layout(source, fmt, str(path))
     except NoDot:
-        DiagramWrite(path.with_suffix(".dot"), write_text).perform(None, None)
+        Write(path.with_suffix(".dot"), write_text).perform(None, None)
         return Rendered(path.with_suffix(".dot"), True)
-    DiagramWrite(path, lambda tmp: tmp.write_bytes(data)).perform(None, None)
+    Write(path, lambda tmp: tmp.write_bytes(data)).perform(None, None)
     return Rendered(path, False)
 
 
@@ -359,7 +349,8 @@ def diagram_command(program, expr_text: str, path=None) -> str:
 def _load(args):
     from ..program import load
 
-    output_format(args.output)  # a bad extension fails before the program is elaborated
+    output_format(args.output)  # a bad extension or target fails before the program is elaborated
+    target_of(args.output)
     return load(args.file, rules=args.rules or ())
 
 
