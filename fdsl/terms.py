@@ -54,9 +54,10 @@ class Term:
         return "Term(%s)" % string(self)
 
     def __str__(self):
-        from .printers import text
+        # what show prints: laid out on lines (a normal form one weight per line), with bindings
+        from .printers import text_with_bindings
 
-        return text(self)
+        return text_with_bindings(self)
 
     def _repr_latex_(self):
         from .printers import latex
