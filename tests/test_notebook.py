@@ -162,3 +162,5 @@ def test_tour_notebook_runs_and_shows_pictures_and_latex(monkeypatch):
     assert "true, via X_5 > m(...) > X_4 > m(...) > a(...) > Q_3" in " ".join(
         d.get("text/plain", "") for d in data)
     assert "inner sizes" in text  # the shape error, caught and printed
+    assert "\nwhere\n  X_1 := " in text  # the deep coefficient carries its bindings
+    assert "\ndK_1: " in text and "\ndQ_0: " in text  # the normal form: one weight per line
