@@ -51,11 +51,14 @@ DIMS = ("n", "d", "k")
 SIDES = DIMS + (1,)
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 #: rule files whose operators the programs use (relative to EXAMPLES), when they are there
-RULE_FILES = ("tanh.rules",)
+RULE_FILES = ("softplus.rules",)
 #: operators that are never generated as function calls, and why
 EXCLUDED = {
     "d": "the differential: programs differentiate only through the 1-form w",
     "trace": "generated as a scalar factor trace(S) A (its shape rule makes a scalar)",
+    "onescol": "a constant made from its argument's shape alone (generated as ones)",
+    "onesrow": "a constant made from its argument's shape alone (generated as ones)",
+    "cols": "a constant made from its argument's shape alone (generated as dims used as numbers)",
 }
 #: constant scalars, as a user writes them before a factor
 CONSTANTS = ("2", "(1/2)", "s", "n", "(-3)", "(2/3)", "k")
@@ -75,6 +78,8 @@ class OpInfo:
     arity: int
     differentiable: bool
     rules: Optional[str] = None  # the rule file that declares it
+    rows: bool = False  # a row reduction: (r x c) -> (r x 1)
+    positive: tuple = ()  # argument positions that must be positive (log, sqrt): given 1 + A * A
 
 
 _OPS: Optional[dict] = None
@@ -109,13 +114,16 @@ def operators() -> dict:
             _UNCOVERED[op] = "no numpy implementation"
             continue
         arity = spec.arity
+        if spec.rows and arity == 1:
+            found[op] = OpInfo(op, 1, True, origin.get(op), rows=True)
+            continue
         if arity is None or not _keeps_shape(spec, weight, arity):
             _UNCOVERED[op] = "its shape rule does not keep one common shape: teach fdsl/fuzz.py its shapes"
             continue
         term = T.make(op, [weight] * arity)
         expanded = probe.apply_rules("expandAll", T.d(term))
         differentiable = not any(n.op == "d" and n.args[0].op != "sym" for n in T.postorder(expanded))
-        found[op] = OpInfo(op, arity, differentiable, origin.get(op))
+        found[op] = OpInfo(op, arity, differentiable, origin.get(op), positive=spec.positive)
     _OPS = found
     return found
 
@@ -239,8 +247,9 @@ def _kinds(ctx: _Context, shape, depth) -> list:
         kinds.append("broadcast")
     if ctx.layer == shape and not ctx.in_layer and not ctx.const:
         kinds.append("layer")
-    for op in sorted(operators()):
-        kinds.append("op:" + op)
+    for op, info in sorted(operators().items()):
+        if not info.rows or shape[1] == 1:  # a row reduction makes a column
+            kinds.append("op:" + op)
     return kinds
 
 
@@ -302,9 +311,14 @@ def expression(ctx: _Context, shape, depth: int) -> str:
     const = ctx.const
     ctx.const = const or not info.differentiable
     try:
-        args = [expression(ctx, shape, depth - 1) for _ in range(info.arity)]
+        if info.rows:
+            args = [expression(ctx, (r, _side(ctx)), depth - 1)]
+        else:
+            args = [expression(ctx, shape, depth - 1) for _ in range(info.arity)]
     finally:
         ctx.const = const
+    for i in info.positive:  # log, sqrt: an argument of the form 1 + A * A
+        args[i] = "1 + %s * %s" % (_paren(args[i]), _paren(args[i]))
     return "%s(%s)" % (info.name, ", ".join(args))
 
 

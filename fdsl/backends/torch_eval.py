@@ -87,7 +87,34 @@ def _helpers(torch) -> dict:
         s = torch.softmax(a, dim=1)
         return s * (b - (s * b).sum(dim=1, keepdim=True))
 
-    return {"_mul": mul, "_softmax": softmax, "_mm": mm, "_aa": aa}
+    helpers = {"_mul": mul, "_softmax": softmax, "_mm": mm, "_aa": aa}
+    helpers.update(_issue12_helpers(torch))
+    return helpers
+
+
+def _issue12_helpers(torch) -> dict:
+    """The componentwise functions, layer norm and log-softmax from torch's own definitions, and
+    their derivative operators as torch's Jacobian-vector products of those (differentiable again,
+    so autograd reaches through them): nothing here repeats fdsl's formulas."""
+    import torch.nn.functional as F
+
+    primal = {
+        "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid, "gelu": F.gelu,
+        "layernorm": lambda a: F.layer_norm(a, a.shape[1:], eps=1e-5),
+        "logsoftmax": lambda a: torch.log_softmax(a, dim=1),
+    }
+
+    def jvp(f, a, b):
+        return torch.autograd.functional.jvp(f, a, b, create_graph=True)[1]
+
+    out = {"_" + name: f for name, f in primal.items()}
+    for name, f in primal.items():
+        out["_d" + name] = (lambda f: lambda a, b: jvp(f, a, b))(f)
+    # second derivatives: f''(A) o B for gelu (an elementwise f'(A) is f's jvp along ones)
+    out["_ddgelu"] = lambda a, b: jvp(lambda x: jvp(F.gelu, x, torch.ones_like(x)), a, b)
+    out["_ddlayernorm"] = lambda a, u, b: jvp(lambda x: jvp(primal["layernorm"], x, u), a, b)
+    return out
 
 
 class TorchEvaluator:
@@ -142,6 +169,9 @@ class TorchEvaluator:
                 return self._full(1.0, shape)
             if symbol.value == "identity":
                 return torch.eye(self._size(shape[0]), dtype=torch.float64)
+            if symbol.value == "causal":  # 0 on and below the diagonal, -inf above
+                n = self._size(shape[0])
+                return torch.triu(torch.full((n, n), float("-inf"), dtype=torch.float64), diagonal=1)
             if isinstance(symbol.value, Term):
                 return self.value(symbol.value)
             if symbol.printed() not in self.leaves:
@@ -153,6 +183,14 @@ class TorchEvaluator:
             return self._full(0.0, node.data)
         if op == "eye":
             return torch.eye(self._size(node.data), dtype=torch.float64)
+        if op == "ones":
+            return self._full(1.0, node.data)
+        if op == "div":
+            return args[0] / args[1]
+        if op in ("rowsum", "rowmean", "rowvar"):
+            x = args[0]
+            return {"rowsum": lambda: x.sum(dim=1, keepdim=True), "rowmean": lambda: x.mean(dim=1, keepdim=True),
+                    "rowvar": lambda: x.var(dim=1, keepdim=True, unbiased=False)}[op]()
         if op == "let":
             return args[0]
         if op == "add":
