@@ -84,7 +84,7 @@ class Program:
         self.clauses: dict[str, list[Clause]] = {}  # name(params) = expr
         self.declared_at: dict[str, str] = {}
         self.effects: list = []
-        self.options = {"trace": False, "step_limit": None}
+        self.options = {"trace": False, "step_limit": None, "size_limit": None}
         self.trace_out = sys.stderr
         self._memo: dict = {}
         self._depth = 0

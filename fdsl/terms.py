@@ -26,6 +26,7 @@ from typing import Iterator, Optional
 from .ops import OPS, ShapeError
 
 _TABLE: dict = {}
+_BUILT = [0]  # nodes and argument slots interned so far: what the size limit of a rewrite counts
 
 
 class Term:
@@ -91,7 +92,14 @@ def _intern(op, args, data, shape, scalar):
     t = _TABLE.get(key)
     if t is None:
         t = _TABLE[key] = Term(op, args, data, shape, scalar)
+        _BUILT[0] += 1 + len(args)
     return t
+
+
+def built() -> int:
+    """How many term nodes (plus their argument slots) have been made so far in this process:
+    a rewrite's growth is the difference between two readings."""
+    return _BUILT[0]
 
 
 # ---- leaves ------------------------------------------------------------------------------------
