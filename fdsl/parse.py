@@ -14,6 +14,7 @@ and shares the expression part through ``parse_expression_tree``-style reuse of 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -25,6 +26,7 @@ from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from .errors import FdslError
+from .numbers import OUT_OF_RANGE, number_problem
 from .resources import grammar_path
 
 
@@ -159,6 +161,33 @@ def _pos(x):
     return 0, 0
 
 
+_LITERAL = re.compile(r"(\d+)(?:\.(\d*))?(?:[eE]([-+]?\d+))?")
+
+
+def literal_value(text: str) -> Fraction:
+    """The exact value of a number as written (``12``, ``0.5``, ``1e308``); an FdslError if it is
+    beyond float64's range, decided from the exponent before the digits are expanded."""
+    m = _LITERAL.fullmatch(text)
+    if len(text) > 400:  # more digits than any float64 has: out of range, or a typo
+        raise FdslError("the number %s... (%d digits) is %s" % (text[:20], len(text), OUT_OF_RANGE))
+    exponent = int(m.group(3)) if m and m.group(3) and len(m.group(3)) < 8 else None
+    if m and m.group(3) and (exponent is None or abs(exponent) > 400):
+        raise FdslError("the number %s is %s" % (text, OUT_OF_RANGE))
+    value = Fraction(text)
+    problem = number_problem(value) if value else None
+    if problem:
+        raise FdslError("the number %s is %s" % (text, problem))
+    return value
+
+
+def _whole(tok) -> int:
+    """A size or an index as written; at most 18 digits (no matrix has 10^18 rows)."""
+    if len(tok) > 18:
+        raise FdslError("%s... is too large for a size or an index (%d digits)" % (tok[:18], len(tok)),
+                        line=tok.line, col=tok.column)
+    return int(tok)
+
+
 @v_args(meta=True)
 class ToAst(Transformer_NonRecursive):
     """Parse tree to Nodes and Stmts; mostly one line per grammar alias. Not recursive: a sum
@@ -170,7 +199,11 @@ class ToAst(Transformer_NonRecursive):
     # ---- expressions
     def number(self, meta, children):
         (tok,) = children
-        return self._node("number", meta, value=Fraction(str(tok)))
+        try:
+            value = literal_value(str(tok))
+        except FdslError as e:
+            raise FdslError(e.message, line=meta.line, col=meta.column) from None
+        return self._node("number", meta, value=value)
 
     def name(self, meta, children):
         return self._node("name", meta, value=str(children[0]))
@@ -180,7 +213,7 @@ class ToAst(Transformer_NonRecursive):
 
     def binding(self, meta, children):
         name, *index, body = children
-        return self._node("binding", meta, (body,), (str(name), tuple(int(i) for i in index)))
+        return self._node("binding", meta, (body,), (str(name), tuple(_whole(i) for i in index)))
 
     def call(self, meta, children):
         head, *args = children
@@ -191,7 +224,7 @@ class ToAst(Transformer_NonRecursive):
 
     # ---- declarations
     def dim_item(self, meta, children):
-        return (str(children[0]), int(children[1]) if len(children) > 1 else None, meta.line, meta.column)
+        return (str(children[0]), _whole(children[1]) if len(children) > 1 else None, meta.line, meta.column)
 
     def indices(self, meta, children):
         return ("indices", tuple(str(c) for c in children))
@@ -201,7 +234,7 @@ class ToAst(Transformer_NonRecursive):
 
     def dim_ref(self, meta, children):
         tok = children[0]
-        return int(tok) if tok.type == "INT" else str(tok)
+        return _whole(tok) if tok.type == "INT" else str(tok)
 
     def sym_item(self, meta, children):
         item = {"name": str(children[0]), "indices": (), "shape": None, "value": None,
@@ -329,6 +362,7 @@ def _unclosed_bracket(text: str):
 
 def parse_program(text: str, filename: str = "<string>") -> list:
     """The statements of a program, or an FdslError with file:line:col."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors write at the start
     if not text.endswith("\n"):
         text += "\n"
     try:

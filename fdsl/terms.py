@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator, Optional
 
+from .numbers import power_problem
 from .ops import OPS, ShapeError
 
 _TABLE: dict = {}
@@ -273,8 +274,9 @@ def power(base: Term, exponent) -> Term:
     if exponent == 1:
         return base
     if base.op == "num":
-        if exponent.denominator == 1 and (base.data != 0 or exponent >= 0):  # 0^0 = 1, as the parser reads it
-            return num(base.data ** int(exponent))
+        if exponent.denominator == 1 and (base.data != 0 or exponent >= 0) \
+                and power_problem(base.data, int(exponent)) is None:  # 0^0 = 1, as the parser reads it
+            return num(base.data ** int(exponent))  # (beyond float64 it stays a power, unexpanded)
     return make("pow", (base,), exponent)
 
 
