@@ -89,13 +89,17 @@ def weights(w: Term) -> list:
 
 
 class Dependence:
-    """The answer to "does G involve V?": true or false, and a path through which it does."""
+    """The answer to "does G involve V?": true or false, and a path through which it does:
+    ``path`` its printed stops, ``nodes`` the terms from G down to V (for pictures of it)."""
 
-    def __init__(self, holds: bool, path: list):
-        self.holds, self.path = holds, path
+    def __init__(self, holds: bool, path: list, nodes: list = ()):
+        self.holds, self.path, self.nodes = holds, path, list(nodes)
 
     def __bool__(self):
         return self.holds
+
+    def __repr__(self):
+        return self.show()
 
     def show(self) -> str:
         if not self.holds:
@@ -111,7 +115,8 @@ def depends(g: Term, v: Term) -> Dependence:
     while queue:  # breadth first: the first path found is a shortest one
         t = queue.popleft()
         if t is v:
-            return Dependence(True, _path(parent, t))
+            chain = _chain(parent, t)
+            return Dependence(True, path_labels(chain), chain)
         for c in t.args:
             if c not in parent:
                 parent[c] = t
@@ -119,12 +124,17 @@ def depends(g: Term, v: Term) -> Dependence:
     return Dependence(False, [])
 
 
-def _path(parent, t):
+def _chain(parent, t) -> list:
     chain = []
     while t is not None:
         chain.append(t)
         t = parent[t]
     chain.reverse()
+    return chain
+
+
+def path_labels(chain) -> list:
+    """The printed stops of a chain of terms: named intermediates, symbols, and operators."""
     labels = []
     for node in chain[1:]:
         if node.op in ("let", "sym"):
@@ -166,9 +176,17 @@ def _len(program, x):
     return Fraction(len(T.summands(as_term(x))))
 
 
-@function("coeff(w, W)", "the coefficient G of d(W) in the normal form w = ... + trace(G d(W)) + ...")
+@function("coeff(w, W)", "the coefficient G of d(W) in the normal form w = ... + trace(G d(W)) + ... "
+          "(a 1-form not yet normal, form(E), is first brought there by normal)")
 def _coeff(program, w, weight):
-    return coeff(as_term(w, "w"), _weight_arg(weight))
+    w = as_term(w, "w")
+    try:
+        normal = all(x.op == "sym" and x.data[0].kind == "weight" for x, _ in normal_terms(w))
+    except FdslError:
+        normal = False
+    if w.has_d and not normal:
+        w = program.apply_rules("normal", w)
+    return coeff(w, _weight_arg(weight))
 
 
 @function("weights(w)", "the weights whose differentials appear in w")

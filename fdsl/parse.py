@@ -54,6 +54,7 @@ class Stmt:
     body: Optional[Node] = None
     items: list = field(default_factory=list)  # declarations' items; a command's argument Nodes
     end_line: int = 0
+    end_col: int = 0  # definitions: where the statement's text ends (Program's display quotes it)
 
 
 # Friendly names for the grammar's terminals, used in "expected ..." messages.
@@ -62,7 +63,7 @@ _TERMINALS = {
     "CALL": "a function call", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
     "COMMA": "','", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
     "CIRCUMFLEX": "'^'", "EQUAL": "'='", "COLON": "':'", "SEMICOLON": "';'", "_NL": "end of line",
-    "$END": "end of input", "KIND": "a declaration", "COMMAND": "a command", "DIM": "'dim'",
+    "$END": "end of input", "KIND": "a declaration", "COMMAND": "a command", "METRIC": "'metric'", "DIM": "'dim'",
     "X": "'x'", "T": "'t'", "ARROW": "'=>'", "VAR": "a ?variable",
     "SEQVAR": "a ?variable...",
 }
@@ -258,7 +259,7 @@ class ToAst(Transformer_NonRecursive):
     def _define(self, meta, head, body, named, fn):
         if not fn:
             return Stmt("define", meta.line, meta.column, name=str(head), body=body, named=named,
-                        end_line=meta.end_line)
+                        end_line=meta.end_line, end_col=meta.end_column)
         params = []
         for p in head.args:
             if p.kind == "name":
@@ -269,7 +270,7 @@ class ToAst(Transformer_NonRecursive):
                 raise FdslError("a parameter is a name or a whole number (a base case), not an expression",
                                 line=p.line, col=p.col)
         return Stmt("define", meta.line, meta.column, name=head.value, params=tuple(params), body=body,
-                    named=named, end_line=meta.end_line)
+                    named=named, end_line=meta.end_line, end_col=meta.end_column)
 
     def define(self, meta, c):
         return self._define(meta, c[0], c[1], False, False)
@@ -288,6 +289,15 @@ class ToAst(Transformer_NonRecursive):
         keyword, *args = children
         return Stmt("command", meta.line, meta.column, name=str(keyword), items=args, end_line=meta.end_line)
 
+    def metric_index(self, meta, children):
+        name, *index = children  # metric K[i] = ...: the target as the expression K[i]
+        return self._node("index", meta, [self._node("name", meta, value=str(name))] + index)
+
+    def assign_command(self, meta, children):
+        keyword, *args, body = children
+        return Stmt("command", meta.line, meta.column, name=str(keyword), items=args, body=body,
+                    end_line=meta.end_line)
+
     def bare(self, meta, children):
         (expr,) = children
         # show(E) is the manual's spelling of the command show E
@@ -300,7 +310,7 @@ class ToAst(Transformer_NonRecursive):
         return list(children)
 
 
-_COMMANDS = ("show", "rules", "values", "random", "save")
+_COMMANDS = ("show", "rules", "values", "random", "save", "metric", "plot")
 
 
 def syntax_error(e: UnexpectedInput, text: str, filename: str, grammar: str = "fdsl.lark") -> FdslError:
