@@ -31,6 +31,7 @@ from . import terms as T
 from .errors import FdslError
 from .functions import FUNCTIONS, as_int, as_term, describe, render
 from .ops import OPS, ShapeError
+from .numbers import number_problem, power_problem
 from .parse import Node, Stmt, parse_program
 from .terms import Symbol, Term
 
@@ -84,8 +85,9 @@ class Program:
         self.definitions: dict[str, object] = {}  # name = expr: its value
         self.clauses: dict[str, list[Clause]] = {}  # name(params) = expr
         self.declared_at: dict[str, str] = {}
+        self.sources: dict[str, list[str]] = {}  # definition name -> its clauses as written
         self.effects: list = []
-        self.options = {"trace": False, "step_limit": None}
+        self.options = {"trace": False, "step_limit": None, "size_limit": None}
         self.trace_out = sys.stderr
         self._memo: dict = {}
         self._depth = 0
@@ -183,6 +185,7 @@ class Program:
         if st.name in self.symbols or st.name in self.dims or st.name in self.families:
             raise FdslError("%s is already declared (%s); a definition needs a name of its own"
                             % (st.name, self.declared_at[st.name]), self._src[0], st.line, st.col, self._src[1])
+        self._record_source(st)
         if st.params is None:
             value = self.evaluate(st.body, {})
             if st.named:
@@ -194,6 +197,44 @@ class Program:
             clauses.append(Clause(st.name, st.params, st.body, st.named, self._src, st.line))
             self.definitions.pop(st.name, None)
         self._memo.clear()  # a redefinition changes what earlier calls would give
+
+    def _record_source(self, st: Stmt):
+        """Keep a definition's text as written, for the program's display (clauses accumulate;
+        a new value definition replaces the old one and moves to the end)."""
+        lines = self._src[1].splitlines()[st.line - 1:st.end_line]
+        if not lines or not st.end_col:
+            return
+        lines[-1] = lines[-1][:st.end_col - 1]
+        lines[0] = lines[0][st.col - 1:]
+        written = "\n".join(line.rstrip() for line in lines)
+        clauses = self.sources.pop(st.name, []) if st.params is not None else []
+        self.sources[st.name] = clauses + [written]
+
+    def describe(self) -> str:
+        """The program's declarations and definitions, as text (``print(program)``)."""
+        from .listing import describe
+
+        return describe(self)
+
+    __str__ = describe
+
+    def _repr_html_(self):
+        from .listing import describe_html
+
+        return describe_html(self)
+
+    def diagram(self, expr: str, **options):
+        """The picture of an expression of this program (inline in a notebook; see ``fdsl.diagram``)."""
+        from .api import diagram
+
+        return diagram(self.expr(expr), title=options.pop("title", expr), **options)
+
+    def deps(self, form: str, weight: str, coeff: str):
+        """The picture of "does the coefficient of d(coeff) in the form involve weight?"."""
+        from .api import deps
+        from .backends.depsview import normal_form
+
+        return deps(normal_form(self, self.expr(form)), self.expr(weight), self.expr(coeff))
 
     # ---- evaluation ---------------------------------------------------------------------------
 
@@ -264,8 +305,9 @@ class Program:
         values = [self.evaluate(n, env) for _, n in parts]
         if all(_is_number(v) for v in values):  # numbers stay exact numbers
             total = values[0]
-            for (negated, _), v in zip(parts[1:], values[1:]):
+            for (negated, n), v in zip(parts[1:], values[1:]):
                 total = total * v if kind != "add" else total - v if negated else total + v
+                _check_number(total, n, self)
             return total
         terms = [as_term(v, "an operand of %s" % _OPNAME["sub" if negated else kind])
                  for (negated, _), v in zip(parts, values)]
@@ -496,7 +538,18 @@ _OPNAME = {"add": "+", "sub": "-", "mul": "a product", "hadamard": "*"}
 _CHAINS = {"add": "add", "sub": "add", "mul": "mul", "hadamard": "hadamard"}  # node kind -> chain kind
 
 
+def _check_number(value, node, program):
+    problem = number_problem(value) if _is_number(value) else None
+    if problem:
+        raise program.error("this number is %s" % problem, node)
+    return value
+
+
 def _arith(kind, args, node, program):
+    return _check_number(_exact(kind, args, node, program), node, program)
+
+
+def _exact(kind, args, node, program):
     if kind == "add":
         return args[0] + args[1]
     if kind == "sub":
@@ -514,6 +567,9 @@ def _arith(kind, args, node, program):
         if base == 0 and exponent < 0:
             raise program.error("division by zero: 0 to the power %s" % render(exponent), node)
         if exponent.denominator == 1:
+            problem = power_problem(base, int(exponent))
+            if problem:
+                raise program.error(problem, node)
             return base ** int(exponent)
         return T.power(T.num(base), exponent)
     if kind == "transpose":
@@ -563,14 +619,10 @@ def parse(text: str, filename: str = "<string>", base_dir=None) -> Program:
 def load(path, rules=(), setup=None) -> Program:
     """Read and elaborate a ``.fd`` file (``rules``: extra rule files to load first; ``setup``:
     called with the program before it runs, e.g. to give it values for its ``eval`` statements)."""
+    from .inputs import read_source
+
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        # the path leads the message as the file of any other error would: "x.fd: cannot read ..."
-        raise FdslError("cannot read this file: %s" % (e.strerror or e), file=str(path)) from None
-    except UnicodeDecodeError:
-        raise FdslError("not a text file", file=str(path)) from None
+    text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
     program = Program(str(path), path.parent)
     for r in rules:
         program.load_rules(r)
