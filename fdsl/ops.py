@@ -304,6 +304,18 @@ for _op in [
     Op("ddgelu", 2, same_shape_args("ddgelu"), linear=(1,), numpy="_ddgelu({0}, {1})",
        doc="ddgelu(A, B) = phi(A) o (2 - A o A) o B, gelu's second derivative: "
            "d(dgelu(A, B)) = dgelu(A, d(B)) + ddgelu(A, d(A) * B)"),
+    # ---- layer norm and log-softmax (row-wise) ----
+    Op("layernorm", 1, _same_as_first, latex=r"\operatorname{layernorm}", numpy="_layernorm({0})",
+       doc="row-wise (A - rowmean(A) 1^t) / (sqrt(rowvar(A) + 1e-5) 1^t), no affine part (torch's LayerNorm)"),
+    Op("dlayernorm", 2, same_shape_args("dlayernorm"), linear=(1,), numpy="_dlayernorm({0}, {1})",
+       doc="the row Jacobian of layernorm at A applied to B (symmetric), so d(layernorm(A)) = dlayernorm(A, d(A))"),
+    Op("ddlayernorm", 3, same_shape_args("ddlayernorm"), linear=(1, 2), numpy="_ddlayernorm({0}, {1}, {2})",
+       doc="layernorm's second derivative at A on U and B (symmetric in every slot): "
+           "d(dlayernorm(A, B)) = dlayernorm(A, d(B)) + ddlayernorm(A, d(A), B)"),
+    Op("logsoftmax", 1, _same_as_first, latex=r"\operatorname{logsoftmax}", numpy="_logsoftmax({0})",
+       doc="row-wise log(a(A)) = A - log(rowsum(exp(A))) 1^t, computed stably (the row maximum first)"),
+    Op("dlogsoftmax", 2, same_shape_args("dlogsoftmax"), linear=(1,), numpy="_dlogsoftmax({0}, {1})",
+       doc="dlogsoftmax(A, B) = B - rowsum(a(A) o B) 1^t, so d(logsoftmax(A)) = dlogsoftmax(A, d(A))"),
     # ---- row reductions ----
     Op("rowsum", 1, _row_reduction, linear=(0,), rows=True, latex=r"\operatorname{rowsum}",
        numpy="{0}.sum(axis=1, keepdims=True)", doc="the sums of the rows: (n x d) -> (n x 1)"),

@@ -177,16 +177,16 @@ class Program:
             self.symbols[name] = T.sym(Symbol(name, (), kind, value, scalar_weight), shape)
 
     def _symbol_value(self, kind, name, shape, node: Node):
-        if kind == "const" and node.kind == "name" and node.value in ("ones", "identity"):
-            if node.value == "identity" and shape[0] != shape[1]:
-                raise self.error("%s = identity needs a square shape, not (%s x %s)" % ((name,) + shape), node)
+        if kind == "const" and node.kind == "name" and node.value in ("ones", "identity", "causal"):
+            if node.value in ("identity", "causal") and shape[0] != shape[1]:
+                raise self.error("%s = %s needs a square shape, not (%s x %s)" % ((name, node.value) + shape), node)
             return node.value
         if kind == "scalar":
             value = as_term(self.evaluate(node, {}), "the value of scalar %s" % name)
             if not value.scalar or value.has_weight:
                 raise self.error("the value of scalar %s must be a constant scalar expression" % name, node)
             return value
-        raise self.error("a %s can be given the value ones or identity; other values come from "
+        raise self.error("a %s can be given the value ones, identity or causal; other values come from "
                          "'values \"file.npz\"' or 'random SEED'" % kind, node)
 
     def _define(self, st: Stmt):

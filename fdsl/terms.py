@@ -518,11 +518,9 @@ def _binary(build, a, b, zero_like=False):
 
 
 def _divide(a: Term, b: Term) -> Term:
-    if not b.scalar:
-        raise ShapeError("only scalars divide: {0} is %s" % ("(%s x %s)" % b.shape), b)
     if is_zero(b):
         raise ShapeError("division by zero")
-    return mul(a, power(b, -1))
+    return divide(a, b)  # componentwise, as A / B in the language
 
 
 def _checked(build, *args) -> Term:

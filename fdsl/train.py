@@ -38,6 +38,17 @@ from .terms import Term
 from .watch import Log, measure, plot_write, csv_write, require_matplotlib, watch_terms
 
 
+def objective_of(w) -> Optional[Term]:
+    """L if ``w`` is ``-d(L)`` for a scalar L (the descent direction of L, e.g. a cross-entropy),
+    else None."""
+    if not isinstance(w, Term):
+        return None
+    c, rest = T.coefficient(w)
+    if c == -1 and rest.op == "d" and rest.args[0].scalar:
+        return rest.args[0]
+    return None
+
+
 def error_of(w) -> Optional[Term]:
     """E if ``w`` is ``form(E)``, else None."""
     if not isinstance(w, Term):
@@ -65,13 +76,14 @@ class Trainer:
         self.what = what
         self.normal = normal_form(program, w, what)  # once: every step reuses it
         self.error = error_of(w)
+        self.objective = objective_of(w) if self.error is None else None  # w = -d(L): L is the loss
         self.coefficients = coefficients(program, self.normal, what)
         if not self.coefficients:
             raise FdslError("%s involves no weight: there is nothing to train" % what)
         self.dual = Dualizer(program, list(self.coefficients), what)  # the metric, prepared once
         self.watches = list(watches)  # [(label, term)]
         self.scalars = {label for label, t in self.watches if t.scalar}  # recorded as values, not norms
-        self.terms = list(self.coefficients.values()) + ([self.error] if self.error is not None else [])
+        self.terms = list(self.coefficients.values()) + [t for t in (self.error, self.objective) if t is not None]
         self.terms += self.dual.terms() + [t for _, t in self.watches]
         ev = program_evaluator(program)  # draws random values on demand; checks given ones
         self.values: dict = {}
@@ -83,7 +95,7 @@ class Trainer:
                 self.values[name] = np.array(ev.value(x), dtype=np.float64)
         self.dims, self.origin = ev.dims, ev.origin
         self.weights = list(self.dual.weights)
-        self.label = "loss" if self.error is not None else "|grad|"
+        self.label = "loss" if self.error is not None or self.objective is not None else "|grad|"
         columns = ["step", self.label] + [label for label, _ in self.watches]
         if self.dual.blocks:
             columns += ["cg_iterations", "cg_residual"]
@@ -99,6 +111,8 @@ class Trainer:
         ev = Evaluator(self.values, self.dims, self.origin)  # loss, metric factors, watches share it
         if self.error is not None:
             loss = 0.5 * float(np.sum(ev.value(self.error) ** 2))
+        elif self.objective is not None:
+            loss = float(ev.value(self.objective)[0, 0])
         else:
             loss = math.sqrt(sum(float(np.sum(g ** 2)) for g in grads.values()))
         flows, solves = self.dual(grads, self.values, ev)

@@ -45,3 +45,19 @@ def test_the_elementwise_example_and_its_output_are_real():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == BLOCKS[i + 1]
+
+
+def test_the_gpt_example_its_output_and_its_training_are_real():
+    program = (ROOT / "examples" / "gpt.fd").read_text()
+    i = next(i for i, b in enumerate(BLOCKS) if b.strip() == program.split("\n", 1)[1].strip())
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/gpt.fd"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == BLOCKS[i + 1]
+    command = "fdsl train examples/gpt.fd --form w --steps 40 --lr 0.05 --random 0"
+    assert command + "\n" in BLOCKS
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli"] + command.split()[1:], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert "ends with `%s`" % last in README

@@ -255,9 +255,9 @@ class Lowering:
         at module level when its size is known."""
         parts = [self._dim_code(side) for side in shape]
         runtime = any(r for _, r in parts)
-        args = parts[0][0] if make == "eye" else "(%s)" % ", ".join(p for p, _ in parts)
+        args = parts[0][0] if make in ("eye", "causal") else "(%s)" % ", ".join(p for p, _ in parts)
         var = self._fresh(hint)
-        stmt = (var, "%s = np.%s(%s)" % (var, make, args))
+        stmt = (var, "%s = %s(%s)" % (var, "_causal" if make == "causal" else "np." + make, args))
         (self.runtime_consts if runtime else self.module_consts).append(stmt)
         return _Ref(var)
 
@@ -520,6 +520,8 @@ class Lowering:
             return self._constant("ones", shape, symbol.printed())
         if symbol.value == "identity":
             return self._constant("eye", shape, symbol.printed())
+        if symbol.value == "causal":
+            return self._constant("causal", shape, symbol.printed())
         if isinstance(symbol.value, Term):
             return self.ref(symbol.value)
         return self.refs[b]

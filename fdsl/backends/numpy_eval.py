@@ -228,6 +228,8 @@ class Evaluator:
             return np.ones(self.shape(shape, symbol.printed()))
         if symbol.value == "identity":
             return np.eye(self.size(shape[0], symbol.printed()))
+        if symbol.value == "causal":
+            return numpy_runtime._causal(self.size(shape[0], symbol.printed()))
         if isinstance(symbol.value, Term):  # a scalar with a value expression, e.g. k^(-1/2)
             return Evaluator(self.values, self.dims, self.origin).value(symbol.value)
         name = symbol.printed()

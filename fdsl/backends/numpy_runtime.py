@@ -20,6 +20,9 @@ The definitions are exact and are the ones the whole project uses (DESIGN.md):
   ``_ddgelu`` (``f'(A) o B``, ``f''(A) o B``): GELU is the exact erf form of torch.nn.GELU(),
   with Phi the standard normal CDF (``_erfc_nonneg``: numpy only, accurate in both tails)
   and phi its density.
+- ``_layernorm``, ``_dlayernorm``, ``_ddlayernorm``: layer norm (eps 1e-5, biased variance, no affine
+  part), its Jacobian and second derivative, row by row; ``_logsoftmax``, ``_dlogsoftmax``: the
+  stable log-softmax and its Jacobian; ``_causal(n)``: the causal mask.
 
 This module imports nothing but numpy so that its source can be copied verbatim into generated
 code (``fdsl codegen``): keep it that way.
@@ -141,3 +144,52 @@ def _dtanh(A, B):
     """tanh'(A) o B = (1 - tanh(A)^2) o B."""
     T = np.tanh(A)
     return (1.0 - T * T) * B
+
+
+def _layer_parts(A):
+    """(Xhat, 1/sigma) of layer norm: Xhat = (A - rowmean(A)) / sigma, sigma = sqrt(rowvar(A) + 1e-5)."""
+    A = np.asarray(A, dtype=np.float64)
+    c = A - A.mean(axis=1, keepdims=True)
+    inv = 1.0 / np.sqrt((c * c).mean(axis=1, keepdims=True) + 1e-5)
+    return c * inv, inv
+
+
+def _layernorm(A):
+    """Row-wise (A - mean) / sqrt(var + 1e-5), var biased: torch.nn.LayerNorm without its affine part."""
+    return _layer_parts(A)[0]
+
+
+def _dlayernorm_given(Xhat, inv, B):
+    return inv * (B - B.mean(axis=1, keepdims=True) - Xhat * (Xhat * B).mean(axis=1, keepdims=True))
+
+
+def _dlayernorm(A, B):
+    """layernorm's Jacobian at A on B, row by row: (B - mean(B) - Xhat mean(Xhat o B)) / sigma."""
+    Xhat, inv = _layer_parts(A)
+    return _dlayernorm_given(Xhat, inv, B)
+
+
+def _ddlayernorm(A, U, B):
+    """layernorm's second derivative at A on (U, B), row by row:
+    -(mean(Xhat o U) J B + mean(Xhat o B) J U + Xhat mean(J U o B)) / sigma, J = dlayernorm(A, .)."""
+    Xhat, inv = _layer_parts(A)
+    JU, JB = _dlayernorm_given(Xhat, inv, U), _dlayernorm_given(Xhat, inv, B)
+    mU, mB = (Xhat * U).mean(axis=1, keepdims=True), (Xhat * B).mean(axis=1, keepdims=True)
+    return -inv * (mU * JB + mB * JU + Xhat * (JU * B).mean(axis=1, keepdims=True))
+
+
+def _logsoftmax(A):
+    """Row-wise log(softmax(A)) = (A - max) - log(rowsum(exp(A - max))): exact for large entries."""
+    A = np.asarray(A, dtype=np.float64)
+    shifted = A - A.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def _dlogsoftmax(A, B):
+    """dlogsoftmax(A, B) = B - rowsum(softmax(A) o B) 1^t."""
+    return B - (_softmax(A) * B).sum(axis=1, keepdims=True)
+
+
+def _causal(n):
+    """The causal mask: 0 on and below the diagonal, -inf above."""
+    return np.triu(np.full((n, n), -np.inf), 1)

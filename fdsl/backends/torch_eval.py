@@ -95,24 +95,36 @@ def _helpers(torch) -> dict:
 def _issue12_helpers(torch) -> dict:
     """The componentwise functions, layer norm and log-softmax from torch's own definitions, and
     their derivative operators as torch's Jacobian-vector products of those (differentiable again,
-    so autograd reaches through them): nothing here repeats fdsl's formulas."""
-    import torch.nn.functional as F
+    so autograd reaches through them): nothing here repeats fdsl's formulas. (torch's fused
+    layer_norm has no exact third derivative, so layer norm is written out.)"""
+
+    def layernorm(a):  # from elementary operations: differentiable to every order
+        c = a - a.mean(dim=1, keepdim=True)
+        return c / torch.sqrt((c * c).mean(dim=1, keepdim=True) + 1e-5)
 
     primal = {
         "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "tanh": torch.tanh,
-        "sigmoid": torch.sigmoid, "gelu": F.gelu,
-        "layernorm": lambda a: F.layer_norm(a, a.shape[1:], eps=1e-5),
-        "logsoftmax": lambda a: torch.log_softmax(a, dim=1),
+        "sigmoid": torch.sigmoid, "gelu": lambda a: 0.5 * a * (1.0 + torch.erf(a * 0.7071067811865476)),
+        "layernorm": layernorm,
+        "logsoftmax": lambda a: a - torch.logsumexp(a, dim=1, keepdim=True),
     }
 
     def jvp(f, a, b):
-        return torch.autograd.functional.jvp(f, a, b, create_graph=True)[1]
+        # J(a) b by the double-vjp trick, differentiable in a and b alike (torch.autograd.
+        # functional.jvp detaches b, so gradients through b would be lost)
+        if not a.requires_grad:
+            a = a.detach().requires_grad_(True)
+        out = f(a)
+        dummy = torch.zeros_like(out, requires_grad=True)
+        (vjp,) = torch.autograd.grad(out, a, dummy, create_graph=True)
+        (j,) = torch.autograd.grad(vjp, dummy, b, create_graph=True)
+        return j
 
     out = {"_" + name: f for name, f in primal.items()}
     for name, f in primal.items():
         out["_d" + name] = (lambda f: lambda a, b: jvp(f, a, b))(f)
     # second derivatives: f''(A) o B for gelu (an elementwise f'(A) is f's jvp along ones)
-    out["_ddgelu"] = lambda a, b: jvp(lambda x: jvp(F.gelu, x, torch.ones_like(x)), a, b)
+    out["_ddgelu"] = lambda a, b: jvp(lambda x: jvp(primal["gelu"], x, torch.ones_like(x)), a, b)
     out["_ddlayernorm"] = lambda a, u, b: jvp(lambda x: jvp(primal["layernorm"], x, u), a, b)
     return out
 
