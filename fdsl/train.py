@@ -66,9 +66,13 @@ class Trainer:
             raise FdslError("%s involves no weight: there is nothing to train" % what)
         self.terms = list(self.coefficients.values()) + ([self.error] if self.error is not None else [])
         ev = program_evaluator(program)  # draws random values on demand; checks given ones
+        given = program.values if program.values is not None else {}
         self.values: dict = {}
         for name, leaf in symbol_leaves(self.terms).items():
-            self.values[name] = np.array(ev.value(leaf), dtype=np.float64)
+            if name in given and np.ndim(given[name]) == 3:  # a batch of examples, as given (checked)
+                self.values[name] = np.array(given[name], dtype=np.float64)
+            else:
+                self.values[name] = np.array(ev.value(leaf), dtype=np.float64)
         for x in self.coefficients:
             name = x.data[0].printed()
             if name not in self.values:  # a weight only its differential mentions
@@ -78,15 +82,15 @@ class Trainer:
         self.label = "loss" if self.error is not None else "|grad|"
 
     def measure(self):
-        """(loss, gradients) at the current values, from one evaluator."""
-        from .backends.numpy_eval import Evaluator
-        from .backends.numpy_grad import gradients
+        """(loss, gradients) at the current values, from one sweep of the generated code (a batch
+        of examples: the loss and the gradients summed over it)."""
+        from .backends.codegen import compile_gradients
 
-        ev = Evaluator(self.values, self.dims, self.origin)
-        grads = gradients(self.program, self.normal, evaluator=ev, what=self.what)
+        fn = compile_gradients(self.normal, self.dims, self.error)
         if self.error is not None:
-            loss = 0.5 * float(np.sum(ev.value(self.error) ** 2))
+            grads, loss = fn.with_loss(self.values)
         else:
+            grads = fn(self.values)
             loss = math.sqrt(sum(float(np.sum(g ** 2)) for g in grads.values()))
         return loss, grads
 

@@ -1,0 +1,198 @@
+"""Targets of generated code: how the one lowering of ``fdsl.backends.codegen`` is written out for
+numpy or for torch.
+
+Vocabulary
+----------
+target    the library the generated module computes with (``numpy``, ``torch``): its import, its
+          runtime helpers (copied into the module), and the few spellings in which the two differ
+          (sums along an axis, constant arrays, copies, the operator templates).
+dtype     generated code computes in the dtype of its inputs: float32 when every array input is
+          float32, float64 otherwise; a module generated with ``--dtype`` casts its inputs to that
+          one. Constants (ones, identities, zeros) are built in that dtype (and, for torch, on the
+          inputs' device), once per dtype and device.
+batch     a constant that varies per example (a ``const`` without a built-in value: ``X0``, ``Y``)
+          may carry a leading batch axis, ``(batch, rows, cols)``. Weights and scalars may not.
+          The generated code is the same: products are batched matmuls, transposes swap the last
+          two axes (``.mT``), rows are the last axis; each gradient is summed over the batch (the
+          gradient of the summed loss), a part of it that no example changes counted once per
+          example.
+
+Everything else, the order of computation, the bracketing of products, what is shared, is the
+lowering's and the same for every target, so the differential fuzzer of the numpy target covers
+the torch target's structure too.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+from . import numpy_runtime
+
+DTYPES = ("float32", "float64")
+
+
+class Target:
+    """The numpy target; ``TorchTarget`` overrides what differs."""
+
+    name = "numpy"
+    module = "np"
+    imports = ("import numpy as np",)
+    device = ""  # extra arguments of the constants (torch: the device)
+
+    def dtype_code(self, dtype) -> str:
+        return "None" if dtype is None else "np.%s" % dtype
+
+    def sum_axis(self, expr: str, axis: int) -> str:
+        return "%s.sum(axis=%d, keepdims=True)" % (expr, axis)
+
+    def constant(self, make: str, args: str) -> str:
+        """``np.ones(shape)``, ``np.zeros(shape)``, ``np.eye(rows)`` in the working dtype."""
+        return "np.%s(%s, dtype=_dt)" % (make, args)
+
+    def template(self, op_spec, op: str):
+        """The operator's template for this target (None: it has none)."""
+        return op_spec.numpy
+
+    def runtime(self) -> str:
+        """The helpers' source, without their module docstring and imports."""
+        return _body(inspect.getsource(numpy_runtime)) + "\n" + _NUMPY_HELPERS.rstrip()
+
+
+class TorchTarget(Target):
+    name = "torch"
+    module = "torch"
+    imports = ("import torch",)
+    device = ", device=_dev"
+
+    def dtype_code(self, dtype) -> str:
+        return "None" if dtype is None else "torch.%s" % dtype
+
+    def sum_axis(self, expr: str, axis: int) -> str:
+        return "%s.sum(dim=%d, keepdim=True)" % (expr, axis)
+
+    def constant(self, make: str, args: str) -> str:
+        if make == "eye":
+            return "torch.eye(%s, dtype=_dt, device=_dev)" % args
+        return "torch.%s(%s, dtype=_dt, device=_dev)" % (make, args)
+
+    def template(self, op_spec, op: str):
+        own = _TORCH_TEMPLATES.get(op)
+        if own is not None:
+            return own
+        return _translate(op_spec.numpy)
+
+    def runtime(self) -> str:
+        source = (Path(__file__).with_name("torch_runtime.py")).read_text()
+        return _body(source)
+
+
+TARGETS = {"numpy": Target(), "torch": TorchTarget()}
+
+# the built-in operators whose numpy template does not read as torch
+_TORCH_TEMPLATES = {
+    "m": "torch.relu({0})",
+    "trace": "torch.diagonal({0}, dim1=-2, dim2=-1).sum(-1)[..., None, None]",
+    "t": "{0}.mT",
+    "mul": None,  # never through a template: products are lowered as words
+}
+
+# elementwise numpy functions that torch spells the same way and computes the same: a rule file's
+# operator whose template uses only these works on the torch target unchanged
+_SAME_IN_TORCH = {
+    "tanh": "tanh", "exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "sqrt": "sqrt", "abs": "abs",
+    "sign": "sign", "log1p": "log1p", "expm1": "expm1", "sinh": "sinh", "cosh": "cosh", "arctan": "atan"}
+
+
+def _translate(template):
+    """A numpy template in torch, when every ``np.`` function in it has a torch twin; else None."""
+    if template is None:
+        return None
+    names = re.findall(r"\bnp\.(\w+)", template)
+    if any(n not in _SAME_IN_TORCH for n in names):
+        return None
+    return re.sub(r"\bnp\.(\w+)", lambda m: "torch." + _SAME_IN_TORCH[m.group(1)], template)
+
+
+def _body(source: str) -> str:
+    """A module's source from its first definition on (no docstring, no imports)."""
+    tree = ast.parse(source)
+    first = next(n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+                 and not isinstance(n, (ast.Import, ast.ImportFrom)))
+    return "\n".join(source.splitlines()[first.lineno - 1:]).rstrip()
+
+
+_NUMPY_HELPERS = '''
+
+def _trace(A):
+    """The trace: a number for one matrix, a (batch, 1, 1) array for a batch of them."""
+    t = np.trace(A, axis1=-2, axis2=-1)
+    return float(t) if A.ndim == 2 else t[..., None, None]
+
+
+def _as_float(x):
+    return float(np.asarray(x).reshape(()))
+
+
+def _dtype(values, names, forced):
+    """The dtype to compute in: the forced one, else float32 when every array input is float32,
+    else float64."""
+    if forced is not None:
+        return forced
+    kinds = {getattr(values[name], "dtype", None) for name in names}
+    return np.float32 if kinds == {np.dtype(np.float32)} else np.float64
+
+
+def _input(values, name, shape, batched, dtype):
+    """values[name] as an array of the dtype and the declared shape (as given when it already is
+    one), with a leading batch axis allowed when ``batched`` (a constant that varies per example)."""
+    x = values[name]
+    if type(x) is not np.ndarray or x.dtype != dtype:
+        x = np.asarray(x, dtype=dtype)
+    if x.ndim == 2 and (shape is None or x.shape == shape):
+        return x
+    if batched and x.ndim == 3 and (shape is None or x.shape[1:] == shape):
+        return x
+    if shape is not None and x.size == shape[0] * shape[1] and not (batched and x.ndim == 3):
+        return x.reshape(shape)
+    what = "(batch, %d, %d) or %s" % (shape + (shape,)) if batched and shape else str(shape or "a matrix")
+    raise ValueError("%s has shape %s, not %s" % (name, x.shape, what))
+
+
+def _scalar(values, name):
+    return float(np.asarray(values[name]).reshape(()))
+
+
+def _batch(*xs):
+    """The batch size of the inputs that have one (they must agree), or 0 when none has."""
+    sizes = {x.shape[0] for x in xs if x.ndim == 3}
+    if len(sizes) > 1:
+        raise ValueError("the inputs have different batch sizes: %s" % sorted(sizes))
+    return sizes.pop() if sizes else 0
+
+
+def _total(x, nb):
+    """A gradient summed over the batch: the sum of its examples' (a term that no example changes
+    counts once per example)."""
+    if not nb:
+        return x
+    return x.sum(axis=0) if x.ndim == 3 else x * nb
+
+
+def _full(shape, value, nb, dtype):
+    if isinstance(value, np.ndarray):  # a per-example scalar: (batch, 1, 1)
+        return np.full(shape, value.sum(), dtype=dtype)
+    return np.full(shape, value * (nb or 1), dtype=dtype)
+
+
+def _copy(x):
+    return x.copy()
+
+
+def _half_sq(E, nb):
+    """1/2 ||E||^2, summed over the batch."""
+    s = 0.5 * float(np.vdot(E, E))
+    return s * nb if nb and E.ndim == 2 else s
+'''
