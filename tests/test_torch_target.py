@@ -204,13 +204,40 @@ def test_a_rule_file_operator_runs_on_torch_when_torch_spells_it_alike(tmp_path)
     assert rel(-got["U"], U.grad) <= TIGHT and rel(-got["V"], V.grad) <= TIGHT
 
 
-def test_an_operator_torch_cannot_spell_is_an_error():
-    rules = (ROOT / "examples" / "tanh.rules").read_text().replace(
-        '"(1.0 - np.tanh({0}) ** 2) * {1}"', '"(1.0 - np.tanh({0}) ** 2) * {1} + 0.0 * np.spacing({0})"')
-    p, w = _tanh_program(rules)
-    assert "np.spacing" in codegen.gradients_source(w, p.dims)  # numpy: as written
-    with pytest.raises(FdslError, match="tanhd has no torch implementation"):
-        codegen.gradients_source(w, p.dims, target="torch")
+@pytest.mark.parametrize("fn", sorted(__import__("fdsl.ops", fromlist=["NUMPY_FUNCTIONS"]).NUMPY_FUNCTIONS))
+def test_every_numpy_function_of_rule_files_runs_on_torch(fn):
+    from fdsl.backends.targets import TARGETS
+    from fdsl.ops import NUMPY_FUNCTIONS
+
+    arity, template = NUMPY_FUNCTIONS[fn]
+    code = TARGETS["torch"].template(type("Spec", (), {"numpy": template})(), "user")
+    assert code is not None and "np." not in code.replace("_np.", "")
+    runtime: dict = {"torch": torch}
+    exec(compile(TARGETS["torch"].runtime(), "<torch runtime>", "exec"), runtime)
+    rng = np.random.default_rng(0)
+    args = [rng.uniform(0.2, 2.0, (3, 4)) for _ in range(arity)]  # inside every function's domain
+    want = eval(template.format(*("a%d" % i for i in range(arity))), {"np": np},
+                {"a%d" % i: x for i, x in enumerate(args)})
+    got = eval(code.format(*("a%d" % i for i in range(arity))), runtime,
+               {"a%d" % i: torch.from_numpy(x) for i, x in enumerate(args)})
+    assert np.allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_an_operator_torch_cannot_spell_is_an_error(monkeypatch):
+    # rule files name numpy functions from a fixed table, all of which the torch runtime has; an
+    # operator added in Python with a template outside it is refused by name, not run wrongly
+    import fdsl
+    from fdsl import ops
+
+    op = ops.Op("spaced", 1, ops.same_shape_args("spaced"), numpy="np.spacing({0})", user=True, params=("A",))
+    monkeypatch.setitem(ops.OPS, "spaced", op)
+    p = fdsl.parse("dim n = 3\nconst X : n x n\nweight W : n x n\n")
+    from fdsl import terms as T
+
+    term = T.make("spaced", (T.mul(p.symbols["X"], p.symbols["W"]),))
+    codegen.generate({"S": term}, p.dims)  # numpy: as written
+    with pytest.raises(FdslError, match="spaced has no torch implementation"):
+        codegen.Lowering({"S": term}, p.dims, target="torch").source("test")
 
 
 # ---- torch.distributed: two processes, one machine -----------------------------------------------
@@ -257,13 +284,17 @@ def test_data_parallel_on_two_processes_gives_the_gradients_of_one(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     out = tmp_path / "ddp_grads.npz"
-    port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", port, module.__file__,
-                               str(data_path), str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
+    errors = []
+    for attempt in range(2):  # a port found free can be taken before gloo binds it: one more try
+        port = str(_free_port())
+        procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", port, module.__file__,
+                                   str(data_path), str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for rank in range(2)]
+        results = [proc.communicate(timeout=300) + (proc.returncode,) for proc in procs]
+        errors = [err for _, err, code in results if code != 0]
+        if not errors:
+            break
+    assert not errors, "\n".join(errors)
     got = {k: torch.from_numpy(v) for k, v in np.load(out).items()}
     want, _ = autograd_grads(values, L)  # one process, the whole batch
     for name in want:

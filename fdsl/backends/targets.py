@@ -91,29 +91,36 @@ class TorchTarget(Target):
 
 TARGETS = {"numpy": Target(), "torch": TorchTarget()}
 
-# the built-in operators whose numpy template does not read as torch
-_TORCH_TEMPLATES = {
-    "m": "torch.relu({0})",
-    "trace": "torch.diagonal({0}, dim1=-2, dim2=-1).sum(-1)[..., None, None]",
-    "t": "{0}.mT",
-    "mul": None,  # never through a template: products are lowered as words
-}
+# the built-in operators with a torch spelling of their own
+_TORCH_TEMPLATES = {"m": "torch.relu({0})"}
 
-# elementwise numpy functions that torch spells the same way and computes the same: a rule file's
-# operator whose template uses only these works on the torch target unchanged
-_SAME_IN_TORCH = {
-    "tanh": "tanh", "exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "sqrt": "sqrt", "abs": "abs",
-    "sign": "sign", "log1p": "log1p", "expm1": "expm1", "sinh": "sinh", "cosh": "cosh", "arctan": "atan"}
+
+def _torch_numpy_names() -> set:
+    """The numpy functions the torch runtime's ``_np`` namespace provides (read off its source)."""
+    tree = ast.parse((Path(__file__).with_name("torch_runtime.py")).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_np")
+    names = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+    for node in cls.body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                names |= {e.id for e in getattr(target, "elts", [target]) if isinstance(e, ast.Name)}
+    return names
+
+
+_TORCH_NUMPY: set = set()
 
 
 def _translate(template):
-    """A numpy template in torch, when every ``np.`` function in it has a torch twin; else None."""
+    """A numpy template in torch: ``np.f`` becomes the runtime's ``_np.f`` when it has one (None
+    when it has not: the operator cannot be lowered for torch)."""
     if template is None:
         return None
+    if not _TORCH_NUMPY:
+        _TORCH_NUMPY.update(_torch_numpy_names())
     names = re.findall(r"\bnp\.(\w+)", template)
-    if any(n not in _SAME_IN_TORCH for n in names):
+    if any(n not in _TORCH_NUMPY for n in names):
         return None
-    return re.sub(r"\bnp\.(\w+)", lambda m: "torch." + _SAME_IN_TORCH[m.group(1)], template)
+    return re.sub(r"\bnp\.", "_np.", template)
 
 
 def _body(source: str) -> str:

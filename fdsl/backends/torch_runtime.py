@@ -112,3 +112,89 @@ def _half_sq(E, nb):
     """1/2 ||E||^2, summed over the batch."""
     s = 0.5 * (E * E).sum()
     return s * nb if nb and E.dim() == 2 else s
+
+
+def _is_scalar(x):
+    return not torch.is_tensor(x) or x.dim() == 0 or tuple(x.shape[-2:]) == (1, 1) and x.dim() == 2
+
+
+def _mul(*factors):
+    """The product of the factors: scalars multiply, matrices are folded left to right with @."""
+    coeff, product = 1.0, None
+    for x in factors:
+        if _is_scalar(x):
+            coeff = coeff * (x.reshape(()) if torch.is_tensor(x) else x)
+        elif product is None:
+            product = x
+        else:
+            product = product @ x
+    if product is None:
+        return torch.full((1, 1), float(coeff))
+    return product if not torch.is_tensor(coeff) and coeff == 1.0 else coeff * product
+
+
+def _pair(a, b):
+    """Two operands as tensors (a number takes the other's dtype and device)."""
+    if not torch.is_tensor(a):
+        a = torch.as_tensor(a, dtype=b.dtype, device=b.device)
+    if not torch.is_tensor(b):
+        b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+    return a, b
+
+
+class _np:
+    """The numpy functions that fdsl's operator templates name (``fdsl.ops.NUMPY_FUNCTIONS``, the
+    trace and relu), in torch: a rule file's operator runs on tensors unchanged."""
+
+    tanh, sinh, cosh, exp, expm1 = torch.tanh, torch.sinh, torch.cosh, torch.exp, torch.expm1
+    log, log1p, sqrt, abs, sign = torch.log, torch.log1p, torch.sqrt, torch.abs, torch.sign
+    sin, cos, square, reciprocal = torch.sin, torch.cos, torch.square, torch.reciprocal
+    arctan, arcsinh, negative = torch.atan, torch.asinh, torch.neg
+
+    @staticmethod
+    def cbrt(x):
+        return torch.sign(x) * torch.abs(x) ** (1.0 / 3.0)
+
+    @staticmethod
+    def maximum(a, b):
+        return torch.maximum(*_pair(a, b))
+
+    @staticmethod
+    def minimum(a, b):
+        return torch.minimum(*_pair(a, b))
+
+    @staticmethod
+    def multiply(a, b):
+        return a * b
+
+    @staticmethod
+    def add(a, b):
+        return a + b
+
+    @staticmethod
+    def subtract(a, b):
+        return a - b
+
+    @staticmethod
+    def divide(a, b):
+        return a / b
+
+    @staticmethod
+    def hypot(a, b):
+        return torch.hypot(*_pair(a, b))
+
+    @staticmethod
+    def arctan2(a, b):
+        return torch.atan2(*_pair(a, b))
+
+    @staticmethod
+    def logaddexp(a, b):
+        return torch.logaddexp(*_pair(a, b))
+
+    @staticmethod
+    def heaviside(x, at_zero):
+        return torch.heaviside(*_pair(x, at_zero))
+
+    @staticmethod
+    def trace(x, axis1=0, axis2=1):
+        return torch.diagonal(x, dim1=axis1, dim2=axis2).sum(-1)
