@@ -190,7 +190,7 @@ def table_c(sizes, repeats, compile_, log) -> list:
                                      % checks["target64"])
             fns["target" + tag] = ours_step
             fns["autograd" + tag] = theirs_step
-        if compile_:
+        if compile_ and size == sizes[0]:  # one size: the compilation takes a minute or more
             tensors = {name: torch.from_numpy(v).float() for name, v in values.items()}
             compiled = torch.compile(module["grads"])
             t0 = time.perf_counter()

@@ -785,12 +785,17 @@ class Lowering:
     def _runtime_const_vars(self) -> set:
         return {v for v, _ in self.runtime_consts}
 
-    def function_body(self, results, loss=None) -> list:
-        """The lines of the sweep's body: dtype, inputs, dims, constants, the sweep with deletions,
-        return (with ``loss``, the code of 1/2 ||E||^2, the pair (gradients, loss))."""
+    def function_body(self, results, loss=None, name="grads") -> list:
+        """The lines of the sweep's body (the function ``name``): dtype, inputs, dims, constants,
+        the sweep with deletions, return (with ``loss``, the code of 1/2 ||E||^2, the pair
+        (gradients, loss))."""
         inputs = sorted(self.inputs, key=lambda s: _natural(s.target))
         dev = ", _dev" if self.target.device else ""
         lines = ["%s = _dtype(values, INPUTS, DTYPE)" % ("_dt, _dev" if dev else "_dt")]
+        if self.target.pieces and self.batch_inputs:
+            # a large batch goes through in pieces of a few examples (see targets: pieces)
+            lines += ["_n = _piece(values, EXAMPLES, EXAMPLE_SIZE, _dt)",
+                      "if _n:", "    return _in_pieces(%s, values, EXAMPLES, _n)" % name]
         lines += [s.code for s in inputs]
         examples = [s.target for s in inputs if s.target in self.batch_inputs]
         lines.append("_nb = _batch(%s)" % ", ".join(examples) if examples else "_nb = 0")
@@ -822,6 +827,12 @@ class Lowering:
         lines.append("return " + (value if loss is None else "%s, %s" % (value, loss[0])))
         return lines
 
+    def example_size(self) -> int:
+        """Entries of the largest array that one example's sweep makes (dims without a size
+        guessed), for cutting a batch into pieces."""
+        return max((self._guess(b.shape[0]) * self._guess(b.shape[1]) for b in self.batched if b.shape),
+                   default=1)
+
     def input_names(self) -> list:
         """The printed names of the array inputs, in the order the module reads them."""
         return [self.array_inputs[s.target] for s in sorted(self.inputs, key=lambda s: _natural(s.target))
@@ -850,6 +861,10 @@ class Lowering:
         out.append("DTYPE = %s  # None: compute in the dtype of the inputs" % target.dtype_code(self.dtype))
         names = self.input_names()
         out.append("INPUTS = %r  # the array inputs" % (tuple(names),))
+        if target.pieces and self.batch_inputs:
+            out.append("EXAMPLES = %r  # the inputs that may carry a batch axis"
+                       % (tuple(self.array_inputs[v] for v in sorted(self.batch_inputs, key=_natural)),))
+            out.append("EXAMPLE_SIZE = %d  # entries of the largest array of one example" % self.example_size())
         if self.module_consts:
             dev = ", _dev" if target.device else ""
             out += ["_CONSTANTS: dict = {}", "", "",
@@ -865,7 +880,7 @@ class Lowering:
         out.append("")
         out.append("")
         body = [("    " + line).rstrip() if "\n" not in line else _indent(line)
-                for line in self.function_body(results, loss)]
+                for line in self.function_body(results, loss, "grads_and_loss" if loss is not None else "grads")]
         if loss is not None:
             out.append("def grads_and_loss(values: dict):")
             out.append('    """(every gradient G_W^t by printed weight name, the loss 1/2 ||E||^2), from one sweep."""')

@@ -16,6 +16,10 @@ batch     a constant that varies per example (a ``const`` without a built-in val
           two axes (``.mT``), rows are the last axis; each gradient is summed over the batch (the
           gradient of the summed loss), a part of it that no example changes counted once per
           example.
+pieces    numpy goes through a large batch a few examples at a time (``_piece``, ``_in_pieces``),
+          summing the pieces' gradients: arrays of a whole batch are allocated from fresh pages
+          (glibc's malloc maps anything above 128 KiB afresh) and fall out of the caches, which
+          costs more than the Python of a sweep per piece. torch keeps its own allocator: whole.
 
 Everything else, the order of computation, the bracketing of products, what is shared, is the
 lowering's and the same for every target, so the differential fuzzer of the numpy target covers
@@ -41,6 +45,7 @@ class Target:
     module = "np"
     imports = ("import numpy as np",)
     device = ""  # extra arguments of the constants (torch: the device)
+    pieces = True  # a large batch is cut into pieces (see the module doc)
 
     def dtype_code(self, dtype) -> str:
         return "None" if dtype is None else "np.%s" % dtype
@@ -66,6 +71,7 @@ class TorchTarget(Target):
     module = "torch"
     imports = ("import torch",)
     device = ", device=_dev"
+    pieces = False
 
     def dtype_code(self, dtype) -> str:
         return "None" if dtype is None else "torch.%s" % dtype
@@ -196,6 +202,40 @@ def _full(shape, value, nb, dtype):
 
 def _copy(x):
     return x.copy()
+
+
+_PIECE_BYTES = 96 * 1024  # below glibc's threshold for fresh pages (128 KiB), and in the L2 cache
+
+
+def _piece(values, names, example_size, dtype):
+    """How many examples of the batch to compute at a time (0: all of them at once)."""
+    sizes = {np.shape(values[name])[0] for name in names if np.ndim(values[name]) == 3}
+    if len(sizes) != 1:
+        return 0  # no batch, or inconsistent ones (the sweep says so)
+    per = max(1, _PIECE_BYTES // (example_size * np.dtype(dtype).itemsize))
+    return per if sizes.pop() > per else 0
+
+
+def _in_pieces(sweep, values, names, n):
+    """sweep(values) a piece of n examples at a time, the results summed (gradients, and a loss)."""
+    batch = np.shape(values[next(name for name in names if np.ndim(values[name]) == 3)])[0]
+    total = None
+    for start in range(0, batch, n):
+        piece = dict(values)
+        for name in names:
+            if np.ndim(values[name]) == 3:
+                piece[name] = np.asarray(values[name])[start:start + n]
+        got = sweep(piece)
+        if total is None:
+            total = got
+        elif isinstance(total, tuple):  # (gradients, loss)
+            for key in total[0]:
+                total[0][key] += got[0][key]
+            total = (total[0], total[1] + got[1])
+        else:
+            for key in total:
+                total[key] += got[key]
+    return total
 
 
 def _half_sq(E, nb):
