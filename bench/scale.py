@@ -20,7 +20,7 @@ thread (set before numpy and torch are imported), with the clock the CPU time of
 Before timing, every answer is checked and a mismatch stops the benchmark: fdsl's gradients are
 minus the hand backprop's (float64: 1e-9 relative on every weight, against the floor of
 bench/deep.py; float32: 1e-3 of the whole gradient against the float64 one), torch's agree with
-the hand backprop's, the torch target agrees with torch autograd to 1e-10 in float64 (the whole
+the hand backprop's (1e-7 per weight: at these sizes two float64 implementations round apart), the torch target agrees with torch autograd to 1e-10 in float64 (the whole
 gradient), and the batch's gradients equal the sum of the single ones to 1e-12. Times are medians
 of interleaved repeats (bench/deep.py's ``timed``); ratios are of medians from this process.
 """
@@ -45,6 +45,7 @@ import handwritten  # noqa: E402
 ROOT = deep.ROOT
 SIZES = [(4, 512, 256, 64, 256), (12, 256, 768, 64, 768)]
 BATCH_SIZE, BATCH = (4, 64, 64, 16, 64), 16
+TORCH_TOL = 1e-7  # torch autograd against the hand backprop, per weight (fdsl's: bench/deep.py's 1e-9)
 MARK_BEGIN, MARK_END = "<!-- bench/scale.py: begin -->", "<!-- bench/scale.py: end -->"
 
 
@@ -142,8 +143,8 @@ def table_a(sizes, repeats, log) -> list:
                 continue
             torch.set_num_threads(1)
             step, tgrads = torch_autograd(values, L, torch.float32 if dt is np.float32 else torch.float64)
-            if dt is np.float64:
-                deep.check("torch", tgrads(), hand64)
+            if dt is np.float64:  # two other float64 implementations: rounding differs more at size
+                deep.check("torch", tgrads(), hand64, TORCH_TOL)
             fns["torch" + tag] = step
         times = deep.timed(fns, repeats)
         rows.append({"size": size, "times": times, "checks": checks})

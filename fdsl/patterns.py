@@ -265,6 +265,18 @@ def match(p, t: Term, b: dict) -> Iterator[dict]:
         yield nb
 
 
+def matcher(p):
+    """``match`` compiled for one pattern: a function ``(t, bindings) -> iterable of bindings``."""
+    single, many = _matcher(p)
+    if many is not None:
+        return many
+
+    def once(t, b):
+        nb = single(t, b)
+        return () if nb is None else (nb,)
+    return once
+
+
 def _matcher(p) -> tuple:
     """(single, None) for a pattern that matches in at most one way, else (None, many)."""
     m = p.__dict__.get("_matcher") if not isinstance(p, (Var, Seq)) else None
@@ -294,6 +306,9 @@ def _compile(p) -> tuple:
         return _compile_op(p)
     if isinstance(p, Word):
         lone = _single_fixed(p) is not None
+        special = _run_letter_run(p)
+        if special is not None:
+            return None, special
 
         def word_many(t, b):
             if t.op == "mul":
@@ -317,6 +332,48 @@ def _compile(p) -> tuple:
             yield from _match_bag(p, operands, t, b)
         return None, bag_many
     raise TypeError("not a pattern: %r" % (p,))
+
+
+def _run_letter_run(p: Word):
+    """The matcher of the commonest word, ``?P... X ?S...`` (X one letter, runs unbound), as one
+    loop over where X stands instead of the general recursion; None for any other word."""
+    items = p.items
+    if not (len(items) == 3 and isinstance(items[0], Seq) and isinstance(items[2], Seq)
+            and not isinstance(items[1], Seq) and items[0].name != items[2].name):
+        return None
+    pre, post = items[0].name, items[2].name
+    letter = items[1]
+    test = quick_test(letter)
+    single, many = _matcher(letter)
+    lone = _single_fixed(p) is not None
+
+    def word_many(t, b):
+        if t.op == "mul":
+            word = t.args
+        elif lone:
+            word = (t,)
+        else:
+            return
+        if pre in b or post in b:  # bound before (a variable used twice): the general matcher
+            yield from _match_word(_word_plan(p), 0, word, 0, b, _Bounds(word))
+            return
+        n = len(word)
+        bounds = None
+        for j in range(n):
+            x = word[j]
+            if not test(x):
+                continue
+            found = (single(x, b),) if many is None else many(x, b)
+            for nb in found:
+                if nb is None:
+                    continue
+                if bounds is None:
+                    bounds = _Bounds(word)
+                nb = dict(nb)
+                nb[pre] = Run("mul", word[:j], bounds.unit(j) if j == 0 else T.ONE)
+                nb[post] = Run("mul", word[j + 1:], bounds.unit(j + 1) if j + 1 == n else T.ONE)
+                yield nb
+    return word_many
 
 
 def _compile_op(p: Op) -> tuple:

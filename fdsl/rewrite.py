@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from . import terms as T
 from .errors import FdslError, StepLimit
 from .ops import OPS, ShapeError
-from .patterns import Op, Run, Seq, Var, build, builder, heads, match, quick_test
+from .patterns import Op, Run, Seq, Var, build, builder, heads, matcher, quick_test
 from .terms import Term
 
 DEFAULT_STEP_LIMIT = 2_000_000
@@ -80,6 +80,7 @@ class Rule:
 
     def __post_init__(self):
         self._quick = quick_test(self.lhs)
+        self._match = matcher(self.lhs)
         self._build = builder(self.rhs)
         # guards whose argument is the left side itself or one of its arguments (``has_d(?P... (?A +
         # ?B...) ?S...)``): decided on the matched term before matching, without building anything
@@ -101,7 +102,7 @@ class Rule:
                 at = at.args[i]
             if holds(at) == negated:
                 return None
-        for b in match(self.lhs, t, {}):
+        for b in self._match(t, {}):
             if not all(_holds(pred, a, b) != negated for negated, pred, _, a in self._late):
                 continue
             try:
