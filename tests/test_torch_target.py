@@ -299,3 +299,16 @@ def test_data_parallel_on_two_processes_gives_the_gradients_of_one(tmp_path):
     want, _ = autograd_grads(values, L)  # one process, the whole batch
     for name in want:
         assert rel(got[name], want[name]) <= TIGHT, name
+
+
+def test_the_training_example_runs_and_the_loss_falls(tmp_path):
+    from fdsl.cli import main
+
+    module = tmp_path / "deep_torch.py"
+    assert main(["codegen", str(ROOT / "examples" / "deep.fd"), "--form", "form(E)", "--target", "torch",
+                 "-o", str(module)]) == 0
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_torch.py"), str(module), "--steps", "20",
+                        "--every", "10", "--batch", "4"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    losses = [float(line.split()[-1]) for line in r.stdout.splitlines()]
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]

@@ -597,6 +597,7 @@ class Lowering:
             code = ("-%s" % x.expr()) if scale_code == "-1.0" else "%s * %s" % (scale_code, x.expr())
             return self._new(b, lambda v: "%s = %s" % (v, code), [x.var] + scale, flip=flip)
         split = self._plan(word)
+        self._release(word, split)
         key, _ = self._key(word)
         if not scale:
             ref = self._interval(word, split, 0, len(word) - 1, self._hint(b))
@@ -636,6 +637,24 @@ class Lowering:
         b, f = factor
         r = self.refs[b]
         return r.t() if f else r
+
+    def _release(self, word, split):
+        """Count this product out of the sub-words its bracketing does not compute: they are shared
+        with one product fewer than planned (so a later product does not take one of them at a
+        share of its cost that nobody else pays)."""
+        used = set()
+        stack = [(0, len(word) - 1)]
+        while stack:
+            i, j = stack.pop()
+            if i == j:
+                continue
+            used.add(self._key(word[i:j + 1])[0])
+            s = split[i][j]
+            if s is not None:
+                stack += [(i, s), (s + 1, j)]
+        for key in {self._key(word[i:j + 1])[0] for i in range(len(word)) for j in range(i + 1, len(word))} - used:
+            if self.counts.get(key, 0) > 1:
+                self.counts[key] -= 1
 
     def _plan(self, word) -> list:
         """split[i][j]: where the cheapest bracketing of word[i..j] splits it (None: available)."""
@@ -913,6 +932,7 @@ _TORCH_TRAINING = '''# ---- training with torch --------------------------------
 
 WEIGHTS = %(weights)r  # the weights, in the order of their gradients
 SHAPES = %(shapes)r  # None: a dim read off the values
+DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one
 
 
 class FdslLoss(torch.autograd.Function):
@@ -1020,14 +1040,15 @@ def gradients_source(w: Term, dims: Optional[Mapping] = None, origin: str = "", 
 def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping]) -> str:
     """The autograd Function and Module of a torch module: torch training loops use them."""
     sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int)}
-    shapes = {}
-    weights = {n.data[0].printed(): n for n in nodes(outputs.values())
-               if n.op == "sym" and n.data[0].kind == "weight"}
-    for name in outputs:
-        leaf = weights.get(name)
-        if leaf is not None:
-            shapes[name] = tuple(side if isinstance(side, int) else sizes.get(side) for side in leaf.data[1])
-    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes}
+
+    def shape(leaf):
+        return tuple(side if isinstance(side, int) else sizes.get(side) for side in leaf.data[1])
+
+    leaves = {n.data[0].printed(): n for n in lowering.nodes if n.op == "sym"}
+    shapes = {name: shape(leaves[name]) for name in outputs if name in leaves}
+    data = {name: shape(leaves[name]) for name in lowering.input_names()
+            if leaves[name].data[0].kind == "const"}
+    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "data": data}
 
 
 def _wrap(s: str, width: int = 96) -> str:
@@ -1117,11 +1138,18 @@ def _cmd_codegen(args) -> int:
     if not forms.normal_terms(w):
         raise FdslError("%s is 0: it has no gradients to generate code for" % name, file="--form")
     origin = "form %s of %s" % (name, args.file)
-    source = gradients_source(w, program.dims, origin, args.target, args.dtype, error_of(form_named(program, name)))
+    error = error_of(form_named(program, name))
+    source = gradients_source(w, program.dims, origin, args.target, args.dtype, error)
     out = Path(args.output)
     atomic_write(out, lambda tmp: tmp.write_text(source))
-    print("wrote %s: grads(values) for %d weight%s" % (out, len(gradient_terms(w)),
-                                                      "" if len(gradient_terms(w)) == 1 else "s"))
+    count = len(gradient_terms(w))
+    made = "grads(values)" + (", grads_and_loss(values)" if error is not None else "")
+    if args.target == "torch" and error is not None:
+        made += ", loss(values), FdslLoss and Model"
+    print("wrote %s: %s for %d weight%s" % (out, made, count, "" if count == 1 else "s"))
+    if args.target == "torch" and error is None:
+        print("note: %s is not form(E) of a term E, so the module has no loss, FdslLoss or Model "
+              "(give --form 'form(E)')" % name)
     return 0
 
 
