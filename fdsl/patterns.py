@@ -497,8 +497,13 @@ def _match_word(plan, i, word, j, b, bounds):
 
 
 def _match_bag(p: Bag, operands, t: Term, b):
-    fixed = [q for q in p.items if not isinstance(q, Seq)]
-    seqs = [q for q in p.items if isinstance(q, Seq)]
+    plan = p.__dict__.get("_plan")
+    if plan is None:  # the fixed elements, their quick tests and matchers; the runs
+        fixed = [q for q in p.items if not isinstance(q, Seq)]
+        plan = (fixed, [quick_test(q) for q in fixed], [matcher(q) for q in fixed],
+                [q for q in p.items if isinstance(q, Seq)])
+        object.__setattr__(p, "_plan", plan)
+    fixed, tests, matchers, seqs = plan
     if len(fixed) > len(operands) or (not seqs and len(fixed) != len(operands)):
         return
 
@@ -518,10 +523,11 @@ def _match_bag(p: Bag, operands, t: Term, b):
             nb[s.name] = Run(p.op, rest, T.zero(t.shape) if p.op == "add" else None)
             yield nb
             return
+        test, match_k = tests[k], matchers[k]
         for idx, o in enumerate(operands):
-            if idx in used:
+            if idx in used or not test(o):
                 continue
-            for nb in match(fixed[k], o, b):
+            for nb in match_k(o, b):
                 yield from assign(k + 1, used | {idx}, nb)
 
     yield from assign(0, frozenset(), b)
