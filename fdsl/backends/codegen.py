@@ -441,15 +441,18 @@ class Lowering:
         handed_out: set = set()
         for name, t in self.outputs.items():
             ref = self.ref(t)
+            # (code without a batch, code with one): a gradient is summed over a batch
             if ref.scalar:
                 shape, _ = self._shape_code(t.shape)
-                results[name] = ("_full(%s, %s, _nb, _dt%s)" % (shape, ref.var, device), (ref.var,))
+                code = "_full(%s, %s, _nb, _dt%s)" % (shape, ref.var, device)
+                results[name] = ((code, code), (ref.var,))
             elif (ref.var in self._module_vars() or ref.var in self._runtime_const_vars() or ref.var in inputs
                   or ref.var in handed_out):
                 # never hand out a constant, the caller's own array, or one array as two results
-                results[name] = ("_total(_copy(%s), _nb)" % ref.expr(), (ref.var,))
+                code = "_copy(%s)" % ref.expr()
+                results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
             else:
-                results[name] = ("_total(%s, _nb)" % ref.expr(), (ref.var,))
+                results[name] = ((ref.expr(), "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
         return results
 
@@ -811,13 +814,13 @@ class Lowering:
         inputs = sorted(self.inputs, key=lambda s: _natural(s.target))
         dev = ", _dev" if self.target.device else ""
         lines = ["%s = _dtype(values, INPUTS, DTYPE)" % ("_dt, _dev" if dev else "_dt")]
-        if self.target.pieces and self.batch_inputs:
-            # a large batch goes through in pieces of a few examples (see targets: pieces)
-            lines += ["_n = _piece(values, EXAMPLES, EXAMPLE_SIZE, _dt)",
-                      "if _n:", "    return _in_pieces(%s, values, EXAMPLES, _n)" % name]
         lines += [s.code for s in inputs]
         examples = [s.target for s in inputs if s.target in self.batch_inputs]
         lines.append("_nb = _batch(%s)" % ", ".join(examples) if examples else "_nb = 0")
+        if self.target.pieces and examples:
+            # a large batch goes through in pieces of a few examples (see targets: pieces)
+            lines.append("if _nb and _piece(_nb, EXAMPLE_SIZE, _dt):\n"
+                         "    return _in_pieces(%s, values, EXAMPLES, _piece(_nb, EXAMPLE_SIZE, _dt))" % name)
         lines += [s.code for s in self.dim_stmts]
         if self.module_consts:
             targets = [v for v, _ in self.module_consts]
@@ -841,9 +844,15 @@ class Lowering:
                            and u != s.target})
             if dead:
                 lines.append("del " + ", ".join(dead))
-        items = ["%r: %s" % (name, code) for name, (code, _) in results.items()]
-        value = "{%s}" % ", ".join(items) if len(items) < 2 else "{\n" + "".join("    %s,\n" % i for i in items) + "}"
-        lines.append("return " + (value if loss is None else "%s, %s" % (value, loss[0])))
+
+        def returned_value(batched: bool) -> str:
+            items = ["%r: %s" % (name, code[batched]) for name, (code, _) in results.items()]
+            value = "{%s}" % ", ".join(items) if len(items) < 2 else "{\n" + "".join("    %s,\n" % i for i in items) + "}"
+            return "return " + (value if loss is None else "%s, %s" % (value, loss[0]))
+
+        if examples:  # a batch: every gradient summed over it (one test, not one per gradient)
+            lines.append("if _nb:\n" + _indent(returned_value(True)))
+        lines.append(returned_value(False))
         return lines
 
     def example_size(self) -> int:

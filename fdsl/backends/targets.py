@@ -154,8 +154,10 @@ def _dtype(values, names, forced):
     else float64."""
     if forced is not None:
         return forced
-    kinds = {getattr(values[name], "dtype", None) for name in names}
-    return np.float32 if kinds == {np.dtype(np.float32)} else np.float64
+    for name in names:  # the first input that is not float32 decides: float64
+        if getattr(values[name], "dtype", None) != np.float32:
+            return np.float64
+    return np.float32 if names else np.float64
 
 
 def _input(values, name, shape, batched, dtype):
@@ -207,13 +209,10 @@ def _copy(x):
 _PIECE_BYTES = 96 * 1024  # below glibc's threshold for fresh pages (128 KiB), and in the L2 cache
 
 
-def _piece(values, names, example_size, dtype):
-    """How many examples of the batch to compute at a time (0: all of them at once)."""
-    sizes = {np.shape(values[name])[0] for name in names if np.ndim(values[name]) == 3}
-    if len(sizes) != 1:
-        return 0  # no batch, or inconsistent ones (the sweep says so)
+def _piece(nb, example_size, dtype):
+    """How many examples of a batch of nb to compute at a time (0: all of them at once)."""
     per = max(1, _PIECE_BYTES // (example_size * np.dtype(dtype).itemsize))
-    return per if sizes.pop() > per else 0
+    return per if nb > per else 0
 
 
 def _in_pieces(sweep, values, names, n):
