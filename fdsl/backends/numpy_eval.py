@@ -484,8 +484,9 @@ def _check_npz(path: Path) -> None:
                     shape, _, dtype = np.lib.format.read_array_header_2_0(f)
             if dtype.kind not in "biuf":
                 raise FdslError("%s in this values file must hold real numbers, not %s" % (name, dtype), file=str(path))
-            if len(shape) > 2:
-                raise FdslError("%s in this values file has shape %s; values are matrices" % (name, shape), file=str(path))
+            if len(shape) > 3:  # 3: a batch of examples of a constant (checked against its declaration)
+                raise FdslError("%s in this values file has shape %s; values are matrices (or batches of them, "
+                                "(batch, rows, cols), for constants)" % (name, shape), file=str(path))
             total += int(np.prod(shape, dtype=object)) * max(dtype.itemsize, 8)  # read, then made float64
     try:
         check_allocation(total, "the arrays of this values file")
@@ -518,9 +519,6 @@ def read_npz(path: Path) -> dict:
         if array.dtype.kind not in "biuf":
             raise FdslError("%s in this values file must hold real numbers, not %s" % (name, array.dtype),
                             file=str(path))
-        if array.ndim > 3:  # 3: a batch of examples of a constant (checked against its declaration)
-            raise FdslError("%s in this values file has shape %s; values are matrices (or batches of them, "
-                            "(batch, rows, cols), for constants)" % (name, array.shape), file=str(path))
     return arrays
 
 
