@@ -42,7 +42,6 @@ class Target:
     """The numpy target; ``TorchTarget`` overrides what differs."""
 
     name = "numpy"
-    module = "np"
     imports = ("import numpy as np",)
     device = ""  # extra arguments of the constants (torch: the device)
     pieces = True  # a large batch is cut into pieces (see the module doc)
@@ -68,7 +67,6 @@ class Target:
 
 class TorchTarget(Target):
     name = "torch"
-    module = "torch"
     imports = ("import torch",)
     device = ", device=_dev"
     pieces = False
