@@ -12,11 +12,15 @@ rank          how many intermediates lie beneath a named term (0 for the first o
               has been unfolded, so intermediates are unfolded from the highest rank down:
               the reverse (topological) order of backpropagation.
 
-``backprop(w)``: expand w with the strategy ``layer`` (stdlib/backprop.rules); weight terms are
-final; for the pending intermediate of highest rank, name its adjoint, replace d(X_i) by the
+``backprop(w)``: name the intermediates the shared graph has (``fdsl.share``: a value used more
+than once, ``encoder_3`` or ``E`` when the program gave it that name), expand w with the strategy
+``layer`` (stdlib/backprop.rules); weight terms are final; for the pending intermediate of highest rank, name its adjoint, replace d(X_i) by the
 differential of X_i's body, expand that one term with ``layer``, and repeat. Each layer is
 expanded once, so the result grows linearly with depth; the rules are the stdlib's, only the
 order of application and the collection step are new.
+
+``normal(w)`` is this shared form whenever w has intermediates, named or found, and the fully
+multiplied-out ``expanded`` form (stdlib/normal.rules) on a term without any.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 from . import terms as T
 from .forms import normal_terms, order
 from .rewrite import builtin_strategy
+from .share import has_intermediates, share
 from .terms import Term
 
 
@@ -51,6 +56,7 @@ def _small(g: Term) -> bool:
 
 @builtin_strategy("backprop", "the shared (reverse-mode) normal form: named adjoints G_i, each layer expanded once")
 def backprop(t: Term, run) -> Term:
+    t = share(t)
     finals: dict = {}  # weight -> coefficients
     pending: dict = {}  # intermediate -> coefficients
     ranks = _ranks(t)
@@ -69,3 +75,12 @@ def backprop(t: Term, run) -> Term:
         absorb(run("layer", T.make("trace", (T.mul(g, T.d(x.args[0])),))))
     terms = [T.make("trace", (T.mul(T.add(*gs), T.d(w)),)) for w, gs in finals.items()]
     return order(T.add(*terms))
+
+
+@builtin_strategy("normal", "the normal form sum_W trace(G_W dW): shared (backprop) when the term has intermediates, "
+                            "named or found, else the expanded one")
+def normal(t: Term, run) -> Term:
+    shared = share(t)
+    if has_intermediates(shared):
+        return backprop(shared, run)
+    return run("expanded", t)

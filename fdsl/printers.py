@@ -21,6 +21,7 @@ import html as _html
 from fractions import Fraction
 
 from .ops import OPS
+from .share import found
 from .terms import Term, postorder
 
 SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
@@ -167,15 +168,28 @@ class HtmlStyle(Style):
 
 
 class Printer:
-    """Runs a Style over the shared term graph, one visit per distinct node (memoised)."""
+    """Runs a Style over the shared term graph, one visit per distinct node (memoised).
 
-    def __init__(self, style: Style):
+    ``names`` maps found intermediates (``fdsl.share``) to the name they print as; the text of
+    such a node is its name, and ``bodies`` keeps what it stands for, printed once in a binding.
+    """
+
+    def __init__(self, style: Style, names=None):
         self.style = style
+        self.names = names or {}
         self.memo: dict = {}  # Term -> (text, prec, unsigned text or None)
+        self.bodies: dict = {}  # found intermediate -> the text of its value
 
     def __call__(self, t: Term) -> str:
         self._fill(t)
         return self.style.wrap(self.memo[t][0])
+
+    def body(self, t: Term) -> str:
+        """What a named or found intermediate stands for (its binding's right side)."""
+        if t.op == "let":
+            return self(t.args[0])
+        self._fill(t)
+        return self.style.wrap(self.bodies[t])
 
     def _fill(self, t):
         memo = self.memo
@@ -183,7 +197,11 @@ class Printer:
             return
         for node in postorder(t, descend=lambda n: n not in memo and n.op != "let"):
             if node not in memo:
-                memo[node] = self._node(node)
+                entry = self._node(node)
+                if node in self.names:
+                    self.bodies[node] = entry[0]
+                    entry = self.style.let(*self.names[node]), ATOM, None
+                memo[node] = entry
 
     def _at(self, child, prec):
         text, p, _ = self.memo[child]
@@ -242,49 +260,77 @@ class Printer:
 
 
 _STYLES = {"text": Style(), "string": StringStyle(), "latex": LatexStyle(), "html": HtmlStyle()}
-# Printers keep their memo between calls: terms are immutable, so a printed node stays printed.
+# Printers of terms without found intermediates keep their memo between calls: terms are
+# immutable, so a printed node stays printed. A term with found intermediates gets a printer of
+# its own, since the names (S_1, ...) depend on the term they were found in.
 _PRINTERS = {name: Printer(style) for name, style in _STYLES.items()}
 
 
-def text(t: Term) -> str:
-    """What ``show`` prints."""
-    return _PRINTERS["text"](t)
-
-
-def string(t: Term) -> str:
-    """The re-parseable form: ``parse(string(t)) == t``. Named intermediates are written inline,
-    each once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``."""
-    lets = bindings(t) + ([t] if t.op == "let" else [])
-    out = _PRINTERS["string"](t)
-    if not lets:
-        return out
-    binds = ", ".join("%s := %s" % (_PRINTERS["string"](n), _PRINTERS["string"](n.args[0])) for n in lets)
-    return "(%s where %s)" % (out, binds)
-
-
-def latex(t: Term) -> str:
-    """LaTeX math (without the surrounding dollars)."""
-    return _PRINTERS["latex"](t)
-
-
-def html(t: Term) -> str:
-    """An HTML fragment in the manual's style."""
-    return _PRINTERS["html"](t)
+def printer(style: str, t: Term) -> Printer:
+    """The printer for ``t`` in a style: found intermediates print by name."""
+    names = found(t)
+    return Printer(_STYLES[style], names) if names else _PRINTERS[style]
 
 
 def bindings(t: Term) -> list:
-    """The named intermediates (``let`` nodes) ``t`` refers to, looking through their bodies,
-    each before the ones that use it; ``t`` itself is not included."""
-    return [n for n in postorder(t) if n.op == "let" and n is not t]
+    """The intermediates ``t`` refers to, named (``let``) or found (``fdsl.share``), looking
+    through their bodies, each before the ones that use it; ``t`` itself is not included."""
+    names = found(t)
+    return [n for n in postorder(t) if (n.op == "let" or n in names) and n is not t]
+
+
+def _binding(p: Printer, n: Term, sep: str = " ") -> str:
+    op = ":=" if n.op == "let" else "="
+    return "%s%s%s%s%s" % (p(n) if n.op == "let" else p.style.let(*p.names[n]), sep, op, sep, p.body(n))
+
+
+def text(t: Term) -> str:
+    """What ``show`` prints, without the bindings (see ``text_with_bindings``)."""
+    return printer("text", t)(t)
+
+
+def string(t: Term) -> str:
+    """The re-parseable form: ``parse(string(t)) == t``. Intermediates are written inline, each
+    once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``; found ones transparently, with ``=``."""
+    p = printer("string", t)
+    lets = bindings(t) + ([t] if t.op == "let" else [])
+    out = p(t)
+    if not lets:
+        return out
+    return "(%s where %s)" % (out, ", ".join(_binding(p, n) for n in lets))
+
+
+def latex(t: Term) -> str:
+    """LaTeX math (without the surrounding dollars), the bindings after ``\text{where}``."""
+    p = printer("latex", t)
+    out = p(t)
+    lets = bindings(t)
+    if not lets:
+        return out
+    rows = [r"%s &%s %s" % (p(n) if n.op == "let" else p.style.let(*p.names[n]),
+                           ":=" if n.op == "let" else "=", p.body(n)) for n in lets]
+    return r"%s \quad\text{where}\quad \begin{aligned}%s\end{aligned}" % (out, r" \\ ".join(rows))
+
+
+def html(t: Term) -> str:
+    """An HTML fragment in the manual's style, the bindings after ``where``."""
+    p = printer("html", t)
+    out = p(t)
+    lets = bindings(t)
+    if not lets:
+        return out
+    return "%s<br>where<br>%s" % (out, "<br>".join("&nbsp;&nbsp;" + _binding(p, n) for n in lets))
 
 
 def text_with_bindings(t: Term, known=()) -> str:
     """``text(t)``, then ``where`` and one ``name := body`` line per binding t refers to (those in
-    ``known`` excepted): a shared normal form reads as a few layers, not as its expansion."""
+    ``known`` excepted; ``name = body`` for a found one): a shared form reads as a few layers,
+    not as its expansion."""
+    p = printer("text", t)
     lets = [n for n in bindings(t) if n not in known]
-    head = text(t)
+    head = p(t)
     if t.op == "let" and t not in known:
-        head = "%s := %s" % (head, text(t.args[0]))
+        head = "%s := %s" % (head, p.body(t))
     if not lets:
         return head
-    return "\n".join([head, "where"] + ["  %s := %s" % (text(n), text(n.args[0])) for n in lets])
+    return "\n".join([head, "where"] + ["  " + _binding(p, n) for n in lets])

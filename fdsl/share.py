@@ -1,0 +1,110 @@
+"""Found intermediates: the shared structure of a term graph, named as if the user had named it.
+
+Vocabulary
+----------
+uses          how many times a node stands as an argument of the distinct nodes above it (each
+              occurrence in an argument tuple counts). A node used once is written once in any
+              printing of the graph; a node used more than once is what makes a tree exponential.
+hint          the name a program gives a value: ``E = Y - F`` hints ``E`` for the value of E,
+              a call ``encoder(3)`` of a definition with whole-number arguments hints
+              ``encoder_3``. Programs record hints as they elaborate; the first one wins.
+found         a node the term graph shares that reads better by name: not a leaf, free of
+              differentials, not already named (``let``), not a transpose (``Z^t`` is read off
+              ``Z``), used more than once, and either hinted or larger than ``SMALL`` nodes
+              written out. A found node is an intermediate exactly like ``N := ...``.
+fresh name    a found node with no hint is named ``S_1``, ``S_2``, ... (innermost first), with
+              a letter that no symbol, definition, hint or named intermediate of the term uses.
+
+``found(t)`` is the analysis (node -> (name, index)); ``share(t)`` rebuilds ``t`` with every
+found node wrapped in a ``let``, which is what ``normal``/``backprop`` differentiate, so the
+manual's natural program (``encoder(L) = layer(L-1, encoder(L-1))``, no ``:=``) is linear in
+depth. Both are one pass over the shared graph, without recursion.
+"""
+
+from __future__ import annotations
+
+from . import terms as T
+from .terms import Term
+
+SMALL = 6  # a shared node of at most this many nodes written out is cheaper to read inline
+
+_HINTS: dict = {}  # Term -> (name, index): the name its program gave it
+_RESERVED: set = set()  # every name a program declared or defined: fresh names avoid them
+_CACHE: dict = {}  # (Term, hint count) -> found(t)
+_FRESH = ("S", "H", "Z", "T", "P", "R", "N", "M")
+
+
+def hint(t, name: str, index: tuple = ()) -> None:
+    """Record that a program calls the value ``t`` by ``name`` (``name_index`` with an index)."""
+    if isinstance(t, Term) and t not in _HINTS and t.args and t.op != "let":
+        _HINTS[t] = (name, tuple(index))
+
+
+def reserve(name: str) -> None:
+    """A name the user declared or defined: a fresh name never takes it."""
+    _RESERVED.add(name)
+
+
+def uses(t: Term) -> dict:
+    """How many times each node under ``t`` is an argument (looking through let bodies)."""
+    count: dict = {t: 0}
+    for node in T.postorder(t):
+        for c in node.args:
+            count[c] = count.get(c, 0) + 1
+    return count
+
+
+def found(t: Term) -> dict:
+    """The found intermediates under ``t``: node -> (name, index), children before parents."""
+    key = (t, len(_HINTS))
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    count = uses(t)
+    size: dict = {}
+    names_in_use = set(_RESERVED)
+    picked = []
+    for node in T.postorder(t):
+        # tree sizes capped at SMALL + 1: only "small or not" matters, and exact sizes explode
+        size[node] = min(SMALL + 1, 1 + sum(size[c] for c in node.args))
+        if node.op == "sym":
+            names_in_use.add(node.data[0].name)
+        elif node.op == "let":
+            names_in_use.add(node.data[0])
+        if (count[node] > 1 and node.args and not node.has_d and node.op not in ("let", "t")
+                and (node in _HINTS or size[node] > SMALL)):
+            picked.append(node)
+    names_in_use.update(name for name, _ in _HINTS.values())
+    letter = next((c for c in _FRESH if c not in names_in_use), None)
+    if letter is None:
+        letter = next("S" * k for k in range(2, 1000) if "S" * k not in names_in_use)
+    out, fresh = {}, 0
+    for node in picked:
+        if node in _HINTS:
+            out[node] = _HINTS[node]
+        else:
+            fresh += 1
+            out[node] = (letter, (fresh,))
+    if len(_CACHE) > 256:
+        _CACHE.clear()
+    _CACHE[key] = out
+    return out
+
+
+def share(t: Term) -> Term:
+    """``t`` with every found intermediate a named one (a ``let``); ``t`` itself if none is found."""
+    names = found(t)
+    if not names:
+        return t
+    new: dict = {}
+    for node in T.postorder(t):
+        r = T.rebuild(node, [new[c] for c in node.args]) if node.args else node
+        if node in names:
+            r = T.let(names[node][0], names[node][1], r)
+        new[node] = r
+    return new[t]
+
+
+def has_intermediates(t: Term) -> bool:
+    """Whether ``t`` refers to a named intermediate (a ``let``)."""
+    return any(n.op == "let" for n in T.postorder(t))
