@@ -21,7 +21,7 @@ import html as _html
 from fractions import Fraction
 
 from .ops import OPS
-from .share import found
+from .share import printed_names
 from .terms import Term, postorder
 
 SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
@@ -268,14 +268,14 @@ _PRINTERS = {name: Printer(style) for name, style in _STYLES.items()}
 
 def printer(style: str, t: Term) -> Printer:
     """The printer for ``t`` in a style: found intermediates print by name."""
-    names = found(t)
+    names = printed_names(t)
     return Printer(_STYLES[style], names) if names else _PRINTERS[style]
 
 
 def bindings(t: Term) -> list:
     """The intermediates ``t`` refers to, named (``let``) or found (``fdsl.share``), looking
     through their bodies, each before the ones that use it; ``t`` itself is not included."""
-    names = found(t)
+    names = printed_names(t)
     return [n for n in postorder(t) if (n.op == "let" or n in names) and n is not t]
 
 
