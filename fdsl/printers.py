@@ -21,7 +21,7 @@ import html as _html
 from fractions import Fraction
 
 from .ops import OPS
-from .share import printed_names
+from .share import printed_names, share
 from .terms import Term, postorder
 
 SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
@@ -106,7 +106,9 @@ class LatexStyle(Style):
         return base + ("_{%s}" % ",".join(map(str, symbol.index)) if symbol.index else "")
 
     def let(self, name, index):
-        return _latex_name(name) + ("_{%s}" % ",".join(map(str, index)) if index else "")
+        # an intermediate is named after a definition (encoder_3): upright, like an operator name
+        base = name if len(name) == 1 else r"\mathrm{%s}" % name
+        return base + ("_{%s}" % ",".join(map(str, index)) if index else "")
 
     def number(self, value):
         if value.denominator == 1:
@@ -168,28 +170,15 @@ class HtmlStyle(Style):
 
 
 class Printer:
-    """Runs a Style over the shared term graph, one visit per distinct node (memoised).
+    """Runs a Style over the shared term graph, one visit per distinct node (memoised)."""
 
-    ``names`` maps found intermediates (``fdsl.share``) to the name they print as; the text of
-    such a node is its name, and ``bodies`` keeps what it stands for, printed once in a binding.
-    """
-
-    def __init__(self, style: Style, names=None):
+    def __init__(self, style: Style):
         self.style = style
-        self.names = names or {}
         self.memo: dict = {}  # Term -> (text, prec, unsigned text or None)
-        self.bodies: dict = {}  # found intermediate -> the text of its value
 
     def __call__(self, t: Term) -> str:
         self._fill(t)
         return self.style.wrap(self.memo[t][0])
-
-    def body(self, t: Term) -> str:
-        """What a named or found intermediate stands for (its binding's right side)."""
-        if t.op == "let":
-            return self(t.args[0])
-        self._fill(t)
-        return self.style.wrap(self.bodies[t])
 
     def _fill(self, t):
         memo = self.memo
@@ -197,11 +186,7 @@ class Printer:
             return
         for node in postorder(t, descend=lambda n: n not in memo and n.op != "let"):
             if node not in memo:
-                entry = self._node(node)
-                if node in self.names:
-                    self.bodies[node] = entry[0]
-                    entry = self.style.let(*self.names[node]), ATOM, None
-                memo[node] = entry
+                memo[node] = self._node(node)
 
     def _at(self, child, prec):
         text, p, _ = self.memo[child]
@@ -260,77 +245,78 @@ class Printer:
 
 
 _STYLES = {"text": Style(), "string": StringStyle(), "latex": LatexStyle(), "html": HtmlStyle()}
-# Printers of terms without found intermediates keep their memo between calls: terms are
-# immutable, so a printed node stays printed. A term with found intermediates gets a printer of
-# its own, since the names (S_1, ...) depend on the term they were found in.
+# Printers keep their memo between calls: terms are immutable, so a printed node stays printed.
 _PRINTERS = {name: Printer(style) for name, style in _STYLES.items()}
 
 
-def printer(style: str, t: Term) -> Printer:
-    """The printer for ``t`` in a style: found intermediates print by name."""
-    names = printed_names(t)
-    return Printer(_STYLES[style], names) if names else _PRINTERS[style]
+def shown(t: Term):
+    """``t`` as the printers write it, and the intermediates printing found: the shared subterms
+    of ``t`` (``fdsl.share``) become lets, so that printing is linear in the graph, never in the
+    tree. The found ones are transparent (written ``N = ...``, they read back as ``t`` itself)."""
+    made: set = set()
+    s = share(t, printed_names(t), made)
+    own = {n for n in postorder(t) if n.op == "let"} if made else ()
+    return s, frozenset(n for n in made if n not in own)
 
 
 def bindings(t: Term) -> list:
-    """The intermediates ``t`` refers to, named (``let``) or found (``fdsl.share``), looking
-    through their bodies, each before the ones that use it; ``t`` itself is not included."""
-    names = printed_names(t)
-    return [n for n in postorder(t) if (n.op == "let" or n in names) and n is not t]
+    """The intermediates ``t`` refers to (``let`` nodes, written with := or made by the engine),
+    looking through their bodies, each before the ones that use it; ``t`` itself is not
+    included. The printers add the ones that ``shown`` finds."""
+    return [n for n in postorder(t) if n.op == "let" and n is not t]
 
 
-def _binding(p: Printer, n: Term, sep: str = " ") -> str:
-    op = ":=" if n.op == "let" else "="
-    return "%s%s%s%s%s" % (p(n) if n.op == "let" else p.style.let(*p.names[n]), sep, op, sep, p.body(n))
+def _binding(p: Printer, n: Term, found, sep: str = " ") -> str:
+    # a found intermediate is transparent, like a definition (=); a named one is a let (:=)
+    return "%s%s%s%s%s" % (p(n), sep, "=" if n in found else ":=", sep, p(n.args[0]))
 
 
 def text(t: Term) -> str:
     """What ``show`` prints, without the bindings (see ``text_with_bindings``)."""
-    return printer("text", t)(t)
+    return _PRINTERS["text"](shown(t)[0])
 
 
 def string(t: Term) -> str:
     """The re-parseable form: ``parse(string(t)) == t``. Intermediates are written inline, each
     once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``; found ones transparently, with ``=``."""
-    p = printer("string", t)
+    p, (t, found) = _PRINTERS["string"], shown(t)
     lets = bindings(t) + ([t] if t.op == "let" else [])
     out = p(t)
     if not lets:
         return out
-    return "(%s where %s)" % (out, ", ".join(_binding(p, n) for n in lets))
+    return "(%s where %s)" % (out, ", ".join(_binding(p, n, found) for n in lets))
 
 
 def latex(t: Term) -> str:
     """LaTeX math (without the surrounding dollars), the bindings after ``\text{where}``."""
-    p = printer("latex", t)
+    p, (t, found) = _PRINTERS["latex"], shown(t)
     out = p(t)
     lets = bindings(t)
     if not lets:
         return out
-    rows = [r"%s &%s %s" % (p(n) if n.op == "let" else p.style.let(*p.names[n]),
-                           ":=" if n.op == "let" else "=", p.body(n)) for n in lets]
+    rows = [r"%s &%s %s" % (p(n), "=" if n in found else ":=", p(n.args[0])) for n in lets]
     return r"%s \quad\text{where}\quad \begin{aligned}%s\end{aligned}" % (out, r" \\ ".join(rows))
 
 
 def html(t: Term) -> str:
     """An HTML fragment in the manual's style, the bindings after ``where``."""
-    p = printer("html", t)
+    p, (t, found) = _PRINTERS["html"], shown(t)
     out = p(t)
     lets = bindings(t)
     if not lets:
         return out
-    return "%s<br>where<br>%s" % (out, "<br>".join("&nbsp;&nbsp;" + _binding(p, n) for n in lets))
+    return "%s<br>where<br>%s" % (out, "<br>".join("&nbsp;&nbsp;" + _binding(p, n, found) for n in lets))
 
 
 def text_with_bindings(t: Term, known=()) -> str:
     """``text(t)``, then ``where`` and one ``name := body`` line per binding t refers to (those in
     ``known`` excepted; ``name = body`` for a found one): a shared form reads as a few layers,
     not as its expansion."""
-    p = printer("text", t)
+    p, (t, found) = _PRINTERS["text"], shown(t)
     lets = [n for n in bindings(t) if n not in known]
     head = p(t)
     if t.op == "let" and t not in known:
-        head = "%s := %s" % (head, p.body(t))
+        head = "%s := %s" % (head, p(t.args[0]))
     if not lets:
         return head
-    return "\n".join([head, "where"] + ["  " + _binding(p, n) for n in lets])
+    return "\n".join([head, "where"] + ["  " + _binding(p, n, found) for n in lets])

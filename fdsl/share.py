@@ -46,22 +46,51 @@ def reserve(name: str) -> None:
     _RESERVED.add(name)
 
 
-def uses(t: Term) -> dict:
-    """How many times each node under ``t`` is an argument (looking through let bodies)."""
-    count: dict = {t: 0}
+def _sum_runs(t: Term, adds: list) -> dict:
+    """Where a hinted sum stands inside a longer sum: sums are flat, so the residual stream
+    ``net(2) = tanh(net(1) U_1) + net(1)`` holds net(1)'s summands, not net(1). Returns, for each
+    sum P, the (start, H) of the runs of P's summands that are a hinted sum H, longest first,
+    left to right, not overlapping."""
+    by_first: dict = {}
+    for h in adds:
+        by_first.setdefault(h.args[0], []).append(h)
+    for hs in by_first.values():
+        hs.sort(key=lambda h: -len(h.args))
+    runs: dict = {}
     for node in T.postorder(t):
-        for c in node.args:
-            count[c] = count.get(c, 0) + 1
-    return count
+        if node.op != "add" or len(node.args) < 3:
+            continue
+        i, args = 0, node.args
+        while i < len(args):
+            for h in by_first.get(args[i], ()):
+                k = len(h.args)
+                if h is not node and k < len(args) and args[i:i + k] == h.args:
+                    runs.setdefault(node, []).append((i, h))
+                    i += k
+                    break
+            else:
+                i += 1
+    return runs
 
 
-def found(t: Term) -> dict:
-    """The found intermediates under ``t``: node -> (name, index), children before parents."""
+def found(t: Term) -> tuple:
+    """The found intermediates under ``t``: (names, runs). ``names`` maps each found node to its
+    (name, index), children before parents; ``runs`` the sums that hold a found sum's summands."""
     key = (t, len(_HINTS))
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    count = uses(t)
+    count: dict = {t: 0}
+    by_d: dict = {}  # uses as the argument of d: d(E) beside E^t does not make E worth a name
+    for node in T.postorder(t):
+        for c in node.args:
+            count[c] = count.get(c, 0) + 1
+            if node.op == "d":
+                by_d[c] = by_d.get(c, 0) + 1
+    runs = _sum_runs(t, [h for h in _HINTS if h.op == "add" and h in count])
+    for p, rs in runs.items():
+        for _, h in rs:
+            count[h] += 1
     size: dict = {}
     names_in_use = set(_RESERVED)
     picked = []
@@ -72,53 +101,78 @@ def found(t: Term) -> dict:
             names_in_use.add(node.data[0].name)
         elif node.op == "let":
             names_in_use.add(node.data[0])
-        if (count[node] > 1 and node.args and not node.has_d and node.op not in ("let", "t")
-                and (node in _HINTS or size[node] > SMALL)):
+        if not node.args or node.has_d or node.op in ("let", "t"):
+            continue
+        if node in _HINTS:
+            if count[node] > 1:
+                picked.append(node)
+        elif count[node] - by_d.get(node, 0) > 1 and size[node] > SMALL:
             picked.append(node)
     names_in_use.update(name for name, _ in _HINTS.values())
     letter = next((c for c in _FRESH if c not in names_in_use), None)
     if letter is None:
         letter = next("S" * k for k in range(2, 1000) if "S" * k not in names_in_use)
-    out, fresh = {}, 0
+    names, fresh = {}, 0
     for node in picked:
         if node in _HINTS:
-            out[node] = _HINTS[node]
+            names[node] = _HINTS[node]
         else:
             fresh += 1
-            out[node] = (letter, (fresh,))
+            names[node] = (letter, (fresh,))
+    runs = {p: [(i, h) for i, h in rs if h in names] for p, rs in runs.items()}
+    out = (names, {p: rs for p, rs in runs.items() if rs})
     if len(_CACHE) > 256:
         _CACHE.clear()
     _CACHE[key] = out
     return out
 
 
-def share(t: Term) -> Term:
-    """``t`` with every found intermediate a named one (a ``let``); ``t`` itself if none is found."""
-    names = found(t)
+def share(t: Term, found_names=None, made=None) -> Term:
+    """``t`` with every found intermediate a named one (a ``let``); ``t`` itself if none is found.
+    ``found_names``: the (names, runs) to use instead of all of ``found(t)``; ``made``: a set
+    that receives the lets made for them."""
+    names, runs = found_names if found_names is not None else found(t)
     if not names:
         return t
     new: dict = {}
-    for node in T.postorder(t):
-        r = T.rebuild(node, [new[c] for c in node.args]) if node.args else node
+    # the found sums first come from their own summands, so visit them too (they may stand only
+    # as runs inside longer sums, not as arguments)
+    order = list(T.postorder(t))
+    for node in order:
+        if node.op == "add" and node in runs:
+            args, i, rs = [], 0, dict(runs[node])
+            while i < len(node.args):
+                h = rs.get(i)
+                if h is not None and h in new:
+                    args.append(new[h])
+                    i += len(h.args)
+                else:
+                    args.append(new[node.args[i]])
+                    i += 1
+            r = T.add(*args)
+        else:
+            r = T.rebuild(node, [new[c] for c in node.args]) if node.args else node
         if node in names:
             r = T.let(names[node][0], names[node][1], r)
+            if made is not None:
+                made.add(r)
         new[node] = r
     return new[t]
 
 
-def printed_names(t: Term) -> dict:
+def printed_names(t: Term) -> tuple:
     """The found intermediates a printer names: all of them when ``t`` written out would pass
     ``WRITE_OUT`` nodes, else only the program's own (hinted) values, so that a small term reads
     as the manual's utility prints it (``a(s X_0 Q_0 K_0^t X_0^t)`` in full, twice)."""
-    names = found(t)
+    names, runs = found(t)
     if not names or all(n in _HINTS for n in names):
-        return names
+        return names, runs
     size: dict = {}
     for node in T.postorder(t):
         size[node] = min(WRITE_OUT + 1, 1 + sum(size[c] for c in node.args))
     if size[t] > WRITE_OUT:
-        return names
-    return {n: v for n, v in names.items() if n in _HINTS}
+        return names, runs
+    return {n: v for n, v in names.items() if n in _HINTS}, runs
 
 
 def has_intermediates(t: Term) -> bool:
