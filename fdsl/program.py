@@ -40,7 +40,8 @@ DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway
 # Modules that register built-in functions (@function) and statements; imported once, on the
 # first Program. The core (terms, ops, rewrite, forms) never imports a backend itself.
 FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.forms", "fdsl.backprop", "fdsl.backends.graphviz", "fdsl.backends.numpy_eval",
-                               "fdsl.backends.numpy_grad", "fdsl.train"]
+                               "fdsl.backends.numpy_grad", "fdsl.train",
+                               "fdsl.metrics", "fdsl.flow", "fdsl.watch"]
 _loaded = False
 
 
@@ -92,6 +93,7 @@ class Program:
         self._runaway = None  # the innermost call when Python's recursion limit is hit
         self._src = (filename, "")
         self.values = None  # the numpy backend's symbol values, when given
+        self.metric = None  # fdsl.metrics.Metric: what `metric` statements chose (Euclidean if none)
         _load_function_modules()
         from .rules import RuleBook
 
@@ -478,10 +480,13 @@ class Program:
 
     def run(self, out=None) -> None:
         """Perform the effects: print what was shown, write the files that were asked for."""
+        from .statements import perform_all
+
         out = out or sys.stdout
-        for effect in self.effects:
-            effect.perform(out, self)
-        self.effects.clear()
+        try:
+            perform_all(self.effects, out, self)
+        finally:
+            self.effects.clear()
 
     def resolve_path(self, path: str) -> Path:
         p = Path(path)
