@@ -28,15 +28,15 @@ from __future__ import annotations
 from . import terms as T
 from .forms import normal_terms, order
 from .rewrite import builtin_strategy
-from .share import has_intermediates, share
+from .share import Sharing, found, has_intermediates
 from .terms import Term
 
 
-def _ranks(t: Term) -> dict:
+def _ranks(sharing: Sharing) -> dict:
     """Number of intermediates beneath each node (looking through let bodies)."""
     rank = {}
-    for node in T.postorder(t):
-        below = max((rank[c] for c in node.args), default=0)
+    for node in sharing.postorder():
+        below = max((rank[c] for c in sharing.children(node)), default=0)
         rank[node] = below + (1 if node.op == "let" else 0)
     return rank
 
@@ -56,23 +56,23 @@ def _small(g: Term) -> bool:
 
 @builtin_strategy("backprop", "the shared (reverse-mode) normal form: named adjoints G_i, each layer expanded once")
 def backprop(t: Term, run) -> Term:
-    t = share(t)
+    sharing = Sharing(t)
     finals: dict = {}  # weight -> coefficients
     pending: dict = {}  # intermediate -> coefficients
-    ranks = _ranks(t)
+    ranks = _ranks(sharing)
 
     def absorb(w: Term):
         for x, g in normal_terms(w):
             (pending if x.op == "let" else finals).setdefault(x, []).append(g)
 
-    absorb(run("layer", t))
+    absorb(run("layer", sharing.term))
     while pending:
         x = max(pending, key=lambda v: ranks[v])  # the last intermediate first
         g = T.add(*pending.pop(x))
         name, index = x.data
         if not _small(g):
             g = T.let(adjoint_name(name), index, g)
-        absorb(run("layer", T.make("trace", (T.mul(g, T.d(x.args[0])),))))
+        absorb(run("layer", T.make("trace", (T.mul(g, T.d(sharing.body(x))),))))
     terms = [T.make("trace", (T.mul(T.add(*gs), T.d(w)),)) for w, gs in finals.items()]
     return order(T.add(*terms))
 
@@ -80,7 +80,6 @@ def backprop(t: Term, run) -> Term:
 @builtin_strategy("normal", "the normal form sum_W trace(G_W dW): shared (backprop) when the term has intermediates, "
                             "named or found, else the expanded one")
 def normal(t: Term, run) -> Term:
-    shared = share(t)
-    if has_intermediates(shared):
-        return backprop(shared, run)
+    if found(t)[0] or has_intermediates(t):
+        return backprop(t, run)
     return run("expanded", t)

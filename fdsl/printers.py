@@ -21,7 +21,7 @@ import html as _html
 from fractions import Fraction
 
 from .ops import OPS
-from .share import printed_names, share
+from .share import Sharing, printed_names
 from .terms import Term, postorder
 
 SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
@@ -249,74 +249,75 @@ _STYLES = {"text": Style(), "string": StringStyle(), "latex": LatexStyle(), "htm
 _PRINTERS = {name: Printer(style) for name, style in _STYLES.items()}
 
 
-def shown(t: Term):
-    """``t`` as the printers write it, and the intermediates printing found: the shared subterms
-    of ``t`` (``fdsl.share``) become lets, so that printing is linear in the graph, never in the
-    tree. The found ones are transparent (written ``N = ...``, they read back as ``t`` itself)."""
-    made: set = set()
-    s = share(t, printed_names(t), made)
-    own = {n for n in postorder(t) if n.op == "let"} if made else ()
-    return s, frozenset(n for n in made if n not in own)
+def shown(t: Term) -> Sharing:
+    """``t`` as the printers write it: the shared subterms of ``t`` (``fdsl.share``) become
+    intermediates, so that printing is linear in the graph, never in the tree. The found ones are
+    transparent (written ``N = ...``, they read back as ``t`` itself)."""
+    return Sharing(t, printed_names(t))
 
 
 def bindings(t: Term) -> list:
-    """The intermediates ``t`` refers to (``let`` nodes, written with := or made by the engine),
-    looking through their bodies, each before the ones that use it; ``t`` itself is not
-    included. The printers add the ones that ``shown`` finds."""
-    return [n for n in postorder(t) if n.op == "let" and n is not t]
+    """The intermediates ``t`` refers to, named with := or made by the engine, and found in the
+    shared graph, looking through their bodies, each before the ones that use it; ``t`` itself
+    is not included."""
+    return _lets(shown(t))
 
 
-def _binding(p: Printer, n: Term, found, sep: str = " ") -> str:
+def _lets(s: Sharing) -> list:
+    return [n for n in s.postorder() if n.op == "let" and n is not s.term]
+
+
+def _binding(p: Printer, s: Sharing, n: Term, sep: str = " ") -> str:
     # a found intermediate is transparent, like a definition (=); a named one is a let (:=)
-    return "%s%s%s%s%s" % (p(n), sep, "=" if n in found else ":=", sep, p(n.args[0]))
+    return "%s%s%s%s%s" % (p(n), sep, "=" if n in s.made else ":=", sep, p(s.body(n)))
 
 
 def text(t: Term) -> str:
     """What ``show`` prints, without the bindings (see ``text_with_bindings``)."""
-    return _PRINTERS["text"](shown(t)[0])
+    return _PRINTERS["text"](shown(t).term)
 
 
 def string(t: Term) -> str:
     """The re-parseable form: ``parse(string(t)) == t``. Intermediates are written inline, each
     once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``; found ones transparently, with ``=``."""
-    p, (t, found) = _PRINTERS["string"], shown(t)
-    lets = bindings(t) + ([t] if t.op == "let" else [])
-    out = p(t)
+    p, s = _PRINTERS["string"], shown(t)
+    lets = _lets(s) + ([s.term] if s.term.op == "let" else [])
+    out = p(s.term)
     if not lets:
         return out
-    return "(%s where %s)" % (out, ", ".join(_binding(p, n, found) for n in lets))
+    return "(%s where %s)" % (out, ", ".join(_binding(p, s, n) for n in lets))
 
 
 def latex(t: Term) -> str:
     """LaTeX math (without the surrounding dollars), the bindings after ``\text{where}``."""
-    p, (t, found) = _PRINTERS["latex"], shown(t)
-    out = p(t)
-    lets = bindings(t)
+    p, s = _PRINTERS["latex"], shown(t)
+    out = p(s.term)
+    lets = _lets(s)
     if not lets:
         return out
-    rows = [r"%s &%s %s" % (p(n), "=" if n in found else ":=", p(n.args[0])) for n in lets]
+    rows = [r"%s &%s %s" % (p(n), "=" if n in s.made else ":=", p(s.body(n))) for n in lets]
     return r"%s \quad\text{where}\quad \begin{aligned}%s\end{aligned}" % (out, r" \\ ".join(rows))
 
 
 def html(t: Term) -> str:
     """An HTML fragment in the manual's style, the bindings after ``where``."""
-    p, (t, found) = _PRINTERS["html"], shown(t)
-    out = p(t)
-    lets = bindings(t)
+    p, s = _PRINTERS["html"], shown(t)
+    out = p(s.term)
+    lets = _lets(s)
     if not lets:
         return out
-    return "%s<br>where<br>%s" % (out, "<br>".join("&nbsp;&nbsp;" + _binding(p, n, found) for n in lets))
+    return "%s<br>where<br>%s" % (out, "<br>".join("&nbsp;&nbsp;" + _binding(p, s, n) for n in lets))
 
 
 def text_with_bindings(t: Term, known=()) -> str:
     """``text(t)``, then ``where`` and one ``name := body`` line per binding t refers to (those in
     ``known`` excepted; ``name = body`` for a found one): a shared form reads as a few layers,
     not as its expansion."""
-    p, (t, found) = _PRINTERS["text"], shown(t)
-    lets = [n for n in bindings(t) if n not in known]
-    head = p(t)
-    if t.op == "let" and t not in known:
-        head = "%s := %s" % (head, p(t.args[0]))
+    p, s = _PRINTERS["text"], shown(t)
+    lets = [n for n in _lets(s) if n not in known]
+    head = p(s.term)
+    if s.term.op == "let" and s.term not in known:
+        head = "%s := %s" % (head, p(s.body(s.term)))
     if not lets:
         return head
-    return "\n".join([head, "where"] + ["  " + _binding(p, n, found) for n in lets])
+    return "\n".join([head, "where"] + ["  " + _binding(p, s, n) for n in lets])

@@ -82,11 +82,14 @@ def found(t: Term) -> tuple:
         return hit
     count: dict = {t: 0}
     by_d: dict = {}  # uses as the argument of d: d(E) beside E^t does not make E worth a name
+    named = set()  # the bodies of lets: already named
     for node in T.postorder(t):
         for c in node.args:
             count[c] = count.get(c, 0) + 1
             if node.op == "d":
                 by_d[c] = by_d.get(c, 0) + 1
+        if node.op == "let":
+            named.add(node.args[0])
     runs = _sum_runs(t, [h for h in _HINTS if h.op == "add" and h in count])
     for p, rs in runs.items():
         for _, h in rs:
@@ -101,7 +104,7 @@ def found(t: Term) -> tuple:
             names_in_use.add(node.data[0].name)
         elif node.op == "let":
             names_in_use.add(node.data[0])
-        if not node.args or node.has_d or node.op in ("let", "t"):
+        if not node.args or node.has_d or node.op in ("let", "t") or node in named:
             continue
         if node in _HINTS:
             if count[node] > 1:
@@ -127,37 +130,76 @@ def found(t: Term) -> tuple:
     return out
 
 
-def share(t: Term, found_names=None, made=None) -> Term:
-    """``t`` with every found intermediate a named one (a ``let``); ``t`` itself if none is found.
-    ``found_names``: the (names, runs) to use instead of all of ``found(t)``; ``made``: a set
-    that receives the lets made for them."""
-    names, runs = found_names if found_names is not None else found(t)
-    if not names:
-        return t
-    new: dict = {}
-    # the found sums first come from their own summands, so visit them too (they may stand only
-    # as runs inside longer sums, not as arguments)
-    order = list(T.postorder(t))
-    for node in order:
-        if node.op == "add" and node in runs:
-            args, i, rs = [], 0, dict(runs[node])
-            while i < len(node.args):
-                h = rs.get(i)
-                if h is not None and h in new:
-                    args.append(new[h])
-                    i += len(h.args)
-                else:
-                    args.append(new[node.args[i]])
-                    i += 1
-            r = T.add(*args)
-        else:
-            r = T.rebuild(node, [new[c] for c in node.args]) if node.args else node
-        if node in names:
-            r = T.let(names[node][0], names[node][1], r)
-            if made is not None:
-                made.add(r)
-        new[node] = r
-    return new[t]
+class Sharing:
+    """``t`` with every found intermediate a named one (a ``let``): ``Sharing(t).term``.
+
+    The user's own lets (``E := ...``) are kept as they are, the same objects, so that ``E`` in a
+    normal form is the program's ``E``; what was found inside a let's body is there in
+    ``body(let)``, which the engine unfolds and the printers write in its binding. One memo
+    serves the term and every body, so a subterm found once is one let everywhere.
+    ``made`` holds the lets made for found intermediates.
+    """
+
+    def __init__(self, t: Term, found_names=None):
+        self.names, self.runs = found_names if found_names is not None else found(t)
+        self.new: dict = {}
+        self.made: set = set()
+        self.term = self._rewrite(t) if self.names else t
+
+    def body(self, let: Term) -> Term:
+        """The body of a let, with the intermediates found in it."""
+        if not self.names or let in self.made:  # a found one was built from found parts
+            return let.args[0]
+        return self._rewrite(let.args[0])
+
+    def children(self, node: Term) -> tuple:
+        """The arguments of a node of the shared term, a let's being its shared body."""
+        return (self.body(node),) if node.op == "let" else node.args
+
+    def _rewrite(self, root: Term) -> Term:
+        new, names, runs = self.new, self.names, self.runs
+        for node in T.postorder(root, descend=lambda n: n not in new and n.op != "let"):
+            if node in new:
+                continue
+            if node.op == "let" or not node.args:
+                r = node
+            elif node in runs:  # a sum holding a found sum's summands: that sum, by name
+                args, i, starts = [], 0, dict(runs[node])
+                while i < len(node.args):
+                    h = starts.get(i)
+                    if h is not None and h in new:
+                        args.append(new[h])
+                        i += len(h.args)
+                    else:
+                        args.append(new[node.args[i]])
+                        i += 1
+                r = T.add(*args)
+            else:
+                r = T.rebuild(node, [new[c] for c in node.args])
+            if node in names:
+                r = T.let(names[node][0], names[node][1], r)
+                self.made.add(r)
+            new[node] = r
+        return new[root]
+
+    def postorder(self):
+        """Every node of the shared term once, let bodies included, children before parents."""
+        seen, stack = set(), [(self.term, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                yield node
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(self.children(node)) if c not in seen)
+
+
+def share(t: Term) -> Term:
+    """``t`` with every found intermediate a named one; ``t`` itself if none is found."""
+    return Sharing(t).term
 
 
 def printed_names(t: Term) -> tuple:

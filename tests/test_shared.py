@@ -103,9 +103,7 @@ def test_natural_gradients_agree_with_torch_autograd(L):
     p = natural(L)
     n = p.expr("normal(w)")
     values = weight_values(p, weights(n), seed=7 * L, inputs=("X", "Y"))
-    from fdsl.backends.numpy_eval import Evaluator
-
-    ours = gradients(p, n, Evaluator(values, p.dims))
+    ours = gradients(p, n, values)
     theirs = _torch_encoder(torch, values, L, 4 ** -0.5)
     scale = max(np.max(np.abs(x)) for x in theirs.values())
     for k, g in theirs.items():
@@ -146,9 +144,8 @@ def test_rule_files_reach_the_shared_form(tmp_path, run_fdsl, examples):
     rng = np.random.default_rng(3)
     values = {"X": rng.standard_normal((5, 4)), "Y": rng.standard_normal((5, 4))}
     values.update({"U_%d" % i: rng.standard_normal((4, 4)) / 2 for i in range(3)})
-    from fdsl.backends.numpy_eval import Evaluator
 
-    g = gradients(p, n, Evaluator(values, p.dims))
+    g = gradients(p, n, values)
     v = random_direction(values, list(g), rng)
     symbolic = -sum(float(np.sum(g[k] * v[k])) for k in g)
     assert rel_error(symbolic, loss_directional(p, values, v)) < 1e-6
@@ -192,12 +189,11 @@ def test_shared_expanded_and_finite_differences_agree(case, seed):
     values = {"X": rng.standard_normal((3, 3)), "Y": rng.standard_normal((3, 3))}
     values.update({"W_%d" % i: rng.standard_normal((3, 3)) / 2 for i in range(depth)})
     values.update({"b_%d" % i: rng.standard_normal((1, 3)) for i in range(depth)})
-    from fdsl.backends.numpy_eval import Evaluator
 
-    g = gradients(p, shared, Evaluator(values, p.dims))
+    g = gradients(p, shared, values)
     if T.tree_size(p["w"]) < 3000:  # the expanded form is exponential: only where it is small
         expanded = p.expr("expanded(w)")
-        ge = gradients(p, expanded, Evaluator(values, p.dims))
+        ge = gradients(p, expanded, values)
         for k in g:
             assert np.max(np.abs(g[k] - ge[k])) <= 1e-9 * max(1.0, np.max(np.abs(ge[k])))
     v = random_direction(values, list(g), rng)
