@@ -267,13 +267,13 @@ def _lets(s: Sharing) -> list:
     return [n for n in s.postorder() if n.op == "let" and n is not s.term]
 
 
-def _binding(p: Printer, s: Sharing, n: Term, sep: str = " ") -> str:
+def _op(s: Sharing, n: Term) -> str:
     # a found intermediate is transparent, like a definition (=); a named one is a let (:=)
-    return "%s%s%s%s%s" % (p(n), sep, "=" if n in s.made else ":=", sep, p(s.body(n)))
+    return "=" if n in s.made else ":="
 
 
 def text(t: Term) -> str:
-    """What ``show`` prints, without the bindings (see ``text_with_bindings``)."""
+    """What ``show`` prints on one line, without the bindings (see ``text_with_bindings``)."""
     return _PRINTERS["text"](shown(t).term)
 
 
@@ -285,17 +285,20 @@ def string(t: Term) -> str:
     out = p(s.term)
     if not lets:
         return out
-    return "(%s where %s)" % (out, ", ".join(_binding(p, s, n) for n in lets))
+    return "(%s where %s)" % (out, ", ".join("%s %s %s" % (p(n), _op(s, n), p(s.body(n))) for n in lets))
 
 
 def latex(t: Term) -> str:
-    """LaTeX math (without the surrounding dollars), the bindings after ``\text{where}``."""
+    """LaTeX math (without the surrounding dollars); a long form as an ``aligned`` environment
+    (see ``fdsl.layout``), the bindings after ``\\text{where}``."""
+    from .layout import latex_rows
+
     p, s = _PRINTERS["latex"], shown(t)
-    out = p(s.term)
+    out = latex_rows(s.term, p, _PRINTERS["text"]) or p(s.term)
     lets = _lets(s)
     if not lets:
         return out
-    rows = [r"%s &%s %s" % (p(n), "=" if n in s.made else ":=", p(s.body(n))) for n in lets]
+    rows = [r"%s &%s %s" % (p(n), _op(s, n), p(s.body(n))) for n in lets]
     return r"%s \quad\text{where}\quad \begin{aligned}%s\end{aligned}" % (out, r" \\ ".join(rows))
 
 
@@ -306,18 +309,30 @@ def html(t: Term) -> str:
     lets = _lets(s)
     if not lets:
         return out
-    return "%s<br>where<br>%s" % (out, "<br>".join("&nbsp;&nbsp;" + _binding(p, s, n) for n in lets))
+    return "%s<br>where<br>%s" % (out, "<br>".join("&nbsp;&nbsp;%s %s %s" % (p(n), _op(s, n), p(s.body(n)))
+                                                   for n in lets))
 
 
 def text_with_bindings(t: Term, known=()) -> str:
-    """``text(t)``, then ``where`` and one ``name := body`` line per binding t refers to (those in
-    ``known`` excepted; ``name = body`` for a found one): a shared form reads as a few layers,
-    not as its expansion."""
+    """``text(t)`` laid out (``fdsl.layout``), then ``where`` and one ``name := body`` line per
+    binding t refers to (those in ``known`` excepted; ``name = body`` for a found one): a shared
+    form reads as a few layers, not as its expansion."""
+    from .layout import text_lines
+
     p, s = _PRINTERS["text"], shown(t)
     lets = [n for n in _lets(s) if n not in known]
-    head = p(s.term)
+    head = "\n".join(text_lines(s.term, p))
     if s.term.op == "let" and s.term not in known:
-        head = "%s := %s" % (head, p(s.body(s.term)))
+        head = _binding(p, s, s.term, "")
     if not lets:
         return head
-    return "\n".join([head, "where"] + ["  " + _binding(p, s, n) for n in lets])
+    return "\n".join([head, "where"] + [_binding(p, s, n, "  ") for n in lets])
+
+
+def _binding(p: Printer, s: Sharing, n: Term, indent: str) -> str:
+    """``N := body`` (``N = body`` for a found one), a long body broken at its sums."""
+    from .layout import broken
+
+    lead = "%s%s %s " % (indent, p(n), _op(s, n))
+    body = broken(s.body(n), p)
+    return "\n".join([lead + body[0]] + [" " * len(lead) + line for line in body[1:]])

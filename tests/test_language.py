@@ -222,11 +222,12 @@ def test_transparent_definition(defs):
 def test_named_definitions(defs):
     N = defs["N"]
     assert N.op == "let" and N.args == (ev(defs, "A + B"),) and N.shape == ("n", "n")
-    assert str(ev(defs, "N A")) == "N A"
+    assert printers.text(ev(defs, "N A")) == "N A"
+    assert str(ev(defs, "N A")) == "N A\nwhere\n  N := A + B"  # str carries the bindings, as show does
     assert printers.string(N) == "(N where N := A + B)"  # named intermediates are written inline
     named = ev(defs, "named(2)")
     assert named.op == "let" and named.data == ("named", (2,)) and named.args[0] is ev(defs, "m(encoder(2))")
-    assert str(named) == "named_2"
+    assert printers.text(named) == "named_2" and str(named).startswith("named_2 := m(")
     written = printers.string(named)
     # encoder(1) is shared inside named(2): it is written once, as a transparent binding
     assert written.startswith("(named[2] where ") and "encoder[1] = " in written and ", named[2] := m(" in written
