@@ -27,7 +27,7 @@ from . import terms as T
 from .terms import Term
 
 SMALL = 6  # a shared node of at most this many nodes written out is cheaper to read inline
-WRITE_OUT = 400  # printers write a term out, naming only hinted values, up to this many nodes
+WRITE_OUT = 20_000  # printers write a term out in full up to this many nodes
 
 _HINTS: dict = {}  # Term -> (name, index): the name its program gave it
 _RESERVED: set = set()  # every name a program declared or defined: fresh names avoid them
@@ -203,18 +203,17 @@ def share(t: Term) -> Term:
 
 
 def printed_names(t: Term) -> tuple:
-    """The found intermediates a printer names: all of them when ``t`` written out would pass
-    ``WRITE_OUT`` nodes, else only the program's own (hinted) values, so that a small term reads
-    as the manual's utility prints it (``a(s X_0 Q_0 K_0^t X_0^t)`` in full, twice)."""
+    """The found intermediates a printer names: none while ``t`` written out stays within
+    ``WRITE_OUT`` nodes, so that a term of a few layers reads as the manual's utility prints it
+    (``a(s X_0 Q_0 K_0^t X_0^t)`` in full, twice), and all of them beyond, so that printing stays
+    linear in the graph (the natural ``encoder(64)`` is 3^64 nodes written out)."""
     names, runs = found(t)
-    if not names or all(n in _HINTS for n in names):
+    if not names:
         return names, runs
     size: dict = {}
     for node in T.postorder(t):
         size[node] = min(WRITE_OUT + 1, 1 + sum(size[c] for c in node.args))
-    if size[t] > WRITE_OUT:
-        return names, runs
-    return {n: v for n, v in names.items() if n in _HINTS}, runs
+    return (names, runs) if size[t] > WRITE_OUT else ({}, {})
 
 
 def has_intermediates(t: Term) -> bool:

@@ -42,8 +42,10 @@ def test_found_intermediates_are_named_after_their_definitions():
     lets = {x.data for x in T.postorder(n) if x.op == "let"}
     assert {("encoder", (1,)), ("encoder", (2,)), ("E", ())} <= lets
     assert ("encoder", (3,)) not in lets  # used once (inside E): written where it is used
-    # three uses and the binding: \mathrm{encoder}_{1} &= m\left(...
-    assert printers.latex(p.expr("encoder(2)")).count(r"\mathrm{encoder}_{1}") == 4
+    assert "\n" not in printers.text_with_bindings(p["E"])  # small: written out, as the manual prints it
+    # deep: every layer once, by its definition's name; encoder(7) is used three times by encoder(8)
+    tex = printers.latex(natural(8)["E"])
+    assert tex.count(r"\mathrm{encoder}_{7}") == 4 and r"\mathrm{encoder}_{7} &= " in tex
 
 
 def test_natural_and_named_programs_have_the_same_shared_normal_form_size():
