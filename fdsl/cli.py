@@ -11,7 +11,7 @@ import sys
 import threading
 
 from .errors import FdslError
-from .rewrite import DEFAULT_STEP_LIMIT
+from .rewrite import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
 
 # Elaboration recurses once per nested call of a user definition (encoder(64) nests 64 deep);
 # a big thread stack lets the depth limit in fdsl.program, not the interpreter, decide.
@@ -28,7 +28,7 @@ def _cmd_run(args) -> int:
 
     def setup(program):  # before the program is read: its statements run as it is read
         program.options["trace"] = args.trace
-        program.options["step_limit"] = args.step_limit
+        set_limits(program, args)
         if args.values:
             numpy_eval.load_values(program, args.values)
         if args.random is not None:
@@ -41,6 +41,30 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (0 and negative limits mean nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a whole number" % text) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, not %d" % value)
+    return value
+
+
+def add_limit_options(p) -> None:
+    """--step-limit and --size-limit: where a rewrite stops with a reason instead of running on."""
+    p.add_argument("--step-limit", type=positive_int, metavar="N", help="rewrite steps before a ruleset "
+                   "is declared non-terminating (default %d)" % DEFAULT_STEP_LIMIT)
+    p.add_argument("--size-limit", type=positive_int, metavar="N", help="new term nodes one rewrite may "
+                   "build before it is declared growing without end (default %d)" % DEFAULT_SIZE_LIMIT)
+
+
+def set_limits(program, args) -> None:
+    program.options["step_limit"] = getattr(args, "step_limit", None)
+    program.options["size_limit"] = getattr(args, "size_limit", None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fdsl", description="Matrices of differential forms: "
                                      "closed-form gradients of transformer weights by rewriting.")
@@ -51,8 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file")
     run.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
     run.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
-    run.add_argument("--step-limit", type=int, metavar="N", help="rewrite steps before a ruleset is "
-                     "declared non-terminating (default %d)" % DEFAULT_STEP_LIMIT)
+    add_limit_options(run)
     run.add_argument("--values", metavar="FILE.npz", help="numeric values of symbols, for eval/grad")
     run.add_argument("--random", type=int, metavar="SEED", help="random values for symbols without one")
     run.set_defaults(func=_cmd_run)

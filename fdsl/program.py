@@ -32,6 +32,7 @@ from . import terms as T
 from .errors import FdslError
 from .functions import FUNCTIONS, as_int, as_term, describe, render
 from .ops import OPS, ShapeError
+from .numbers import number_problem, power_problem
 from .parse import Node, Stmt, parse_program
 from .terms import Symbol, Term
 
@@ -87,7 +88,7 @@ class Program:
         self.declared_at: dict[str, str] = {}
         self.sources: dict[str, list[str]] = {}  # definition name -> its clauses as written
         self.effects: list = []
-        self.options = {"trace": False, "step_limit": None}
+        self.options = {"trace": False, "step_limit": None, "size_limit": None}
         self.trace_out = sys.stderr
         self._memo: dict = {}
         self._depth = 0
@@ -309,8 +310,9 @@ class Program:
         values = [self.evaluate(n, env) for _, n in parts]
         if all(_is_number(v) for v in values):  # numbers stay exact numbers
             total = values[0]
-            for (negated, _), v in zip(parts[1:], values[1:]):
+            for (negated, n), v in zip(parts[1:], values[1:]):
                 total = total * v if kind != "add" else total - v if negated else total + v
+                _check_number(total, n, self)
             return total
         terms = [as_term(v, "an operand of %s" % _OPNAME["sub" if negated else kind])
                  for (negated, _), v in zip(parts, values)]
@@ -546,7 +548,18 @@ _OPNAME = {"add": "+", "sub": "-", "mul": "a product", "hadamard": "*"}
 _CHAINS = {"add": "add", "sub": "add", "mul": "mul", "hadamard": "hadamard"}  # node kind -> chain kind
 
 
+def _check_number(value, node, program):
+    problem = number_problem(value) if _is_number(value) else None
+    if problem:
+        raise program.error("this number is %s" % problem, node)
+    return value
+
+
 def _arith(kind, args, node, program):
+    return _check_number(_exact(kind, args, node, program), node, program)
+
+
+def _exact(kind, args, node, program):
     if kind == "add":
         return args[0] + args[1]
     if kind == "sub":
@@ -564,6 +577,9 @@ def _arith(kind, args, node, program):
         if base == 0 and exponent < 0:
             raise program.error("division by zero: 0 to the power %s" % render(exponent), node)
         if exponent.denominator == 1:
+            problem = power_problem(base, int(exponent))
+            if problem:
+                raise program.error(problem, node)
             return base ** int(exponent)
         return T.power(T.num(base), exponent)
     if kind == "transpose":
@@ -613,14 +629,10 @@ def parse(text: str, filename: str = "<string>", base_dir=None) -> Program:
 def load(path, rules=(), setup=None) -> Program:
     """Read and elaborate a ``.fd`` file (``rules``: extra rule files to load first; ``setup``:
     called with the program before it runs, e.g. to give it values for its ``eval`` statements)."""
+    from .inputs import read_source
+
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        # the path leads the message as the file of any other error would: "x.fd: cannot read ..."
-        raise FdslError("cannot read this file: %s" % (e.strerror or e), file=str(path)) from None
-    except UnicodeDecodeError:
-        raise FdslError("not a text file", file=str(path)) from None
+    text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
     program = Program(str(path), path.parent)
     for r in rules:
         program.load_rules(r)

@@ -32,6 +32,7 @@ from lark.exceptions import UnexpectedInput, VisitError
 
 from . import ops as O
 from .errors import FdslError
+from .inputs import read_source
 from .parse import Node, ToAst, _parser, syntax_error
 from . import terms as T
 from .ops import ShapeError
@@ -129,6 +130,7 @@ class _RuleAst(ToAst):
 
 def parse_rule_file(text: str, filename: str) -> list:
     """The items of a rule file, or an FdslError with file:line:col."""
+    text = text.removeprefix("\ufeff")
     if not text.endswith("\n"):
         text += "\n"
     try:
@@ -304,13 +306,8 @@ class RuleBook:
         resolved = str(path.resolve())
         if resolved in self.files:
             return
-        try:
-            text = path.read_text()
-            mtime = path.stat().st_mtime
-        except OSError as e:
-            raise FdslError("cannot read rule file %s: %s" % (path, e.strerror or e)) from None
-        except UnicodeDecodeError:
-            raise FdslError("rule file %s is not a text file" % path) from None
+        text = read_source(path, "rule file")
+        mtime = path.stat().st_mtime
         self.files.append(resolved)
         cached = _PARSED.get(resolved)
         if cached is None or cached[0] != mtime:
