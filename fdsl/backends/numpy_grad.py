@@ -110,10 +110,15 @@ def gradients(program, w, values: Optional[Mapping] = None, what: str = "the for
     from .codegen import compile_gradients
 
     w = normal_form(program, w, what)
-    coefficients(program, w, what)  # the checks: a normal form, of weights only
+    coeffs = coefficients(program, w, what)  # the checks: a normal form, of weights only
     if T.is_zero(w):
         return {}
-    return compile_gradients(w, program.dims)(program_values(program) if values is None else values)
+    grads = compile_gradients(w, program.dims)(program_values(program) if values is None else values)
+    for x in coeffs:  # the gradient of a scalar weight is a number: 0-d, as its value in a values file
+        name = x.data[0].printed()
+        if x.scalar and np.size(grads[name]) == 1:
+            grads[name] = np.reshape(grads[name], ())
+    return grads
 
 
 def symbol_leaves(terms) -> dict:
