@@ -87,6 +87,22 @@ def test_gpt_gradients_match_torch_autograd(gpt):
     assert _close(got, want) <= TOL
 
 
+def test_the_gpt_written_naturally_grows_linearly_and_has_the_same_gradients(gpt):
+    source = (ROOT / "examples" / "gpt.fd").read_text().split("L = -trace")[0]
+    natural = source.replace("gpt(L) := mlp", "gpt(L) = mlp")
+    assert natural != source
+    sizes, grads = {}, {}
+    for how, text in (("named", source), ("natural", natural)):
+        for depth in (2, 4, 8):
+            p = fdsl.parse(text + "L = -trace(Y^t logsoftmax(ln(gpt(%d), gf, bf) U))\nw = -d(L)\nrandom 0\n" % depth,
+                           base_dir=ROOT / "examples")
+            sizes[how, depth] = fdsl.terms.dag_size(numpy_grad.normal_form(p, p["w"]))
+            if depth == 2:
+                grads[how] = numpy_grad.gradients(p, p["w"])
+        assert sizes[how, 8] / sizes[how, 4] < 2.1 and sizes[how, 4] / sizes[how, 2] < 2.1, sizes
+    assert _close(grads["natural"], grads["named"]) <= 1e-12
+
+
 def test_fdsl_grad_writes_every_weight_of_the_gpt(tmp_path, run_fdsl, gpt):
     r = run_fdsl("grad", ROOT / "examples" / "gpt.fd", "--form", "w", "--random", "0", "--out", tmp_path / "g.npz")
     assert r.returncode == 0, r.stderr
