@@ -4,8 +4,8 @@ Vocabulary
 ----------
 form(E)     the pulled-back Euler form ``-trace(E^t d(E))``, a scalar 1-form on weight space.
 normal form ``sum_W trace(G_W d(W))``: one term per weight, the differential last, G free of d
-            (a scalar weight g has the term ``G_g d(g)``, G_g a scalar)
-            (reached by the stdlib strategy ``normal``; ``forms`` stops before ``collect``).
+            (reached by the stdlib strategy ``normal``; ``forms`` stops before ``collect``). A
+            scalar weight g (``weight g : scalar``) has the term ``G_g d(g)``, G_g a scalar.
 coefficient G_W, the matrix paired with d(W): ``coeff(w, W)``. The gradient is its transpose.
 weight key  how summands are ordered: by the weight under their differential (name, then index).
 

@@ -144,7 +144,7 @@ class Symbol:
     name: str
     index: tuple = ()
     kind: str = "const"  # const | scalar | weight | dim
-    value: Optional[object] = None  # "ones", "identity", a Term (scalars), an int (dims)
+    value: Optional[object] = None  # "ones", "identity", "causal", a Term (scalars), an int (dims)
     scalar: bool = False  # a weight declared ``weight g : scalar``: it commutes like a scalar
 
     def printed(self) -> str:
