@@ -318,11 +318,11 @@ for _op in [
        doc="dlogsoftmax(A, B) = B - rowsum(a(A) o B) 1^t, so d(logsoftmax(A)) = dlogsoftmax(A, d(A))"),
     # ---- row reductions ----
     Op("rowsum", 1, _row_reduction, linear=(0,), rows=True, latex=r"\operatorname{rowsum}",
-       numpy="{0}.sum(axis=1, keepdims=True)", doc="the sums of the rows: (n x d) -> (n x 1)"),
+       numpy="{0}.sum(axis=-1, keepdims=True)", doc="the sums of the rows: (n x d) -> (n x 1)"),
     Op("rowmean", 1, _row_reduction, linear=(0,), rows=True, latex=r"\operatorname{rowmean}",
-       numpy="{0}.mean(axis=1, keepdims=True)", doc="the means of the rows: (n x d) -> (n x 1)"),
+       numpy="{0}.mean(axis=-1, keepdims=True)", doc="the means of the rows: (n x d) -> (n x 1)"),
     Op("rowvar", 1, _row_reduction, rows=True, latex=r"\operatorname{rowvar}",
-       numpy="{0}.var(axis=1, keepdims=True)",
+       numpy="{0}.var(axis=-1, keepdims=True)",
        doc="the biased variances of the rows (as torch's LayerNorm): (n x d) -> (n x 1)"),
     # ---- constants made from a shape alone (the argument is dropped when the term is built) ----
     Op("onescol", 1, _ones_column, doc="onescol(A) = ones(cols(A), 1): A onescol(A) = rowsum(A)"),

@@ -244,3 +244,15 @@ def test_logsoftmax_is_exact_at_large_logits_and_log_of_softmax_becomes_it():
     with np.errstate(over="raise", invalid="raise", divide="raise"):
         g = numpy_grad.gradients(p, w, values)["W"]
     assert np.all(np.isfinite(g))
+
+
+def test_the_torch_target_computes_the_gpts_gradients_too(gpt, tmp_path):
+    from fdsl.backends import codegen
+
+    w = numpy_grad.normal_form(gpt, gpt["w"])
+    values = symbol_values(gpt, gpt["L"])
+    want = numpy_grad.gradients(gpt, w, values)
+    namespace: dict = {}
+    exec(compile(codegen.gradients_source(w, gpt.dims, target="torch"), "<torch gpt>", "exec"), namespace)
+    got = namespace["grads"]({k: torch.tensor(v) for k, v in values.items()})
+    assert _close({k: g.numpy() for k, g in got.items()}, want) <= 1e-12

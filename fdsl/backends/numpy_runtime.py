@@ -151,8 +151,8 @@ def _dtanh(A, B):
 def _layer_parts(A):
     """(Xhat, 1/sigma) of layer norm: Xhat = (A - rowmean(A)) / sigma, sigma = sqrt(rowvar(A) + 1e-5)."""
     A = np.asarray(A, dtype=np.float64)
-    c = A - A.mean(axis=1, keepdims=True)
-    inv = 1.0 / np.sqrt((c * c).mean(axis=1, keepdims=True) + 1e-5)
+    c = A - A.mean(axis=-1, keepdims=True)
+    inv = 1.0 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + 1e-5)
     return c * inv, inv
 
 
@@ -162,7 +162,7 @@ def _layernorm(A):
 
 
 def _dlayernorm_given(Xhat, inv, B):
-    return inv * (B - B.mean(axis=1, keepdims=True) - Xhat * (Xhat * B).mean(axis=1, keepdims=True))
+    return inv * (B - B.mean(axis=-1, keepdims=True) - Xhat * (Xhat * B).mean(axis=-1, keepdims=True))
 
 
 def _dlayernorm(A, B):
@@ -176,20 +176,20 @@ def _ddlayernorm(A, U, B):
     -(mean(Xhat o U) J B + mean(Xhat o B) J U + Xhat mean(J U o B)) / sigma, J = dlayernorm(A, .)."""
     Xhat, inv = _layer_parts(A)
     JU, JB = _dlayernorm_given(Xhat, inv, U), _dlayernorm_given(Xhat, inv, B)
-    mU, mB = (Xhat * U).mean(axis=1, keepdims=True), (Xhat * B).mean(axis=1, keepdims=True)
-    return -inv * (mU * JB + mB * JU + Xhat * (JU * B).mean(axis=1, keepdims=True))
+    mU, mB = (Xhat * U).mean(axis=-1, keepdims=True), (Xhat * B).mean(axis=-1, keepdims=True)
+    return -inv * (mU * JB + mB * JU + Xhat * (JU * B).mean(axis=-1, keepdims=True))
 
 
 def _logsoftmax(A):
     """Row-wise log(softmax(A)) = (A - max) - log(rowsum(exp(A - max))): exact for large entries."""
     A = np.asarray(A, dtype=np.float64)
-    shifted = A - A.max(axis=1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    shifted = A - A.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def _dlogsoftmax(A, B):
     """dlogsoftmax(A, B) = B - rowsum(softmax(A) o B) 1^t."""
-    return B - (_softmax(A) * B).sum(axis=1, keepdims=True)
+    return B - (_softmax(A) * B).sum(axis=-1, keepdims=True)
 
 
 def _causal(n):

@@ -101,7 +101,25 @@ class TorchTarget(Target):
 TARGETS = {"numpy": Target(), "torch": TorchTarget()}
 
 # the built-in operators with a torch spelling of their own
-_TORCH_TEMPLATES = {"m": "torch.relu({0})"}
+_TORCH_TEMPLATES = {
+    "m": "torch.relu({0})",
+    # issue 12's operators (rows counted from the end, so a batch of matrices works row by row)
+    "sigmoid": "torch.sigmoid({0})",
+    "gelu": "torch.nn.functional.gelu({0})",
+    "dtanh": "(1.0 - torch.tanh({0}) ** 2) * {1}",
+    "dsigmoid": "(torch.sigmoid({0}) * (1.0 - torch.sigmoid({0})) * {1})",
+    "dgelu": "((0.5 * (1.0 + torch.erf({0} * 0.7071067811865476)) "
+             "+ {0} * torch.exp(-0.5 * {0} * {0}) * 0.3989422804014327) * {1})",
+    "ddgelu": "(torch.exp(-0.5 * {0} * {0}) * 0.3989422804014327 * (2.0 - {0} * {0}) * {1})",
+    "rowsum": "{0}.sum(dim=-1, keepdim=True)",
+    "rowmean": "{0}.mean(dim=-1, keepdim=True)",
+    "rowvar": "{0}.var(dim=-1, keepdim=True, unbiased=False)",
+    "layernorm": "torch.nn.functional.layer_norm({0}, {0}.shape[-1:], eps=1e-5)",
+    "dlayernorm": "_dlayernorm({0}, {1})",
+    "ddlayernorm": "_ddlayernorm({0}, {1}, {2})",
+    "logsoftmax": "torch.log_softmax({0}, dim=-1)",
+    "dlogsoftmax": "({1} - (torch.softmax({0}, dim=-1) * {1}).sum(dim=-1, keepdim=True))",
+}
 
 
 def _torch_numpy_names() -> set:

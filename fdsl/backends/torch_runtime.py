@@ -142,6 +142,31 @@ def _pair(a, b):
     return a, b
 
 
+def _layer_parts(A):
+    """(Xhat, 1/sigma) of layer norm, row by row (eps 1e-5, biased variance)."""
+    c = A - A.mean(dim=-1, keepdim=True)
+    inv = 1.0 / torch.sqrt((c * c).mean(dim=-1, keepdim=True) + 1e-5)
+    return c * inv, inv
+
+
+def _dlayernorm_given(Xhat, inv, B):
+    return inv * (B - B.mean(dim=-1, keepdim=True) - Xhat * (Xhat * B).mean(dim=-1, keepdim=True))
+
+
+def _dlayernorm(A, B):
+    """layernorm's Jacobian at A on B (as fdsl.backends.numpy_runtime._dlayernorm)."""
+    Xhat, inv = _layer_parts(A)
+    return _dlayernorm_given(Xhat, inv, B)
+
+
+def _ddlayernorm(A, U, B):
+    """layernorm's second derivative at A on (U, B) (as numpy_runtime._ddlayernorm)."""
+    Xhat, inv = _layer_parts(A)
+    JU, JB = _dlayernorm_given(Xhat, inv, U), _dlayernorm_given(Xhat, inv, B)
+    mU, mB = (Xhat * U).mean(dim=-1, keepdim=True), (Xhat * B).mean(dim=-1, keepdim=True)
+    return -inv * (mU * JB + mB * JU + Xhat * (JU * B).mean(dim=-1, keepdim=True))
+
+
 class _np:
     """The numpy functions that fdsl's operator templates name (``fdsl.ops.NUMPY_FUNCTIONS``, the
     trace and relu), in torch: a rule file's operator runs on tensors unchanged."""
