@@ -140,7 +140,7 @@ class Evaluator:
         if node.shape is None:
             return
         sizes = [side if isinstance(side, int) else self.dims.get(side) for side in node.shape]
-        if None not in sizes:
+        if None not in sizes and 8 * sizes[0] * sizes[1] > (1 << 26):  # the message only when it may be needed
             check_allocation(8 * sizes[0] * sizes[1], "the value of %s, %d x %d floats," % (_short(node), *sizes))
 
     # -- nodes
