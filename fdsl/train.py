@@ -110,10 +110,16 @@ class Trainer:
     def run(self, steps: int, lr: float, every: int, report=None) -> list:
         """Take ``steps`` steps; returns [(step, loss)] every ``every`` steps and at the end;
         ``report(step, loss)`` is called as they come. Every step is recorded in ``self.log``."""
+        from .backends.numpy_eval import NonFinite
+
         curve = []
         for step in range(steps + 1):
-            with np.errstate(over="ignore", invalid="ignore"):  # a diverging run is caught just below
-                loss, flows, record = self.measure()
+            try:
+                with np.errstate(all="ignore"):  # a diverging run is caught just below
+                    loss, flows, record = self.measure()
+            except NonFinite as e:
+                raise FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)"
+                                % (step, e.message, lr)) from None
             if not math.isfinite(loss):
                 raise FdslError("the %s became %s at step %d: lower the learning rate (it is %g)"
                                 % (self.label, loss, step, lr))
