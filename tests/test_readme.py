@@ -36,3 +36,15 @@ def test_set_up_commands_are_the_main_job_and_the_tests():
 def test_every_example_named_in_the_readme_exists():
     for name in set(re.findall(r"examples/[\w/]+\.(?:fd|rules|svg)", README)):
         assert (ROOT / name).exists(), name
+
+
+def test_the_deep_encoder_section_is_the_natural_program_and_its_real_output():
+    section = README[README.index("## Deep encoders"):README.index("## The repl")]
+    program, output = re.findall(r"```\n(.*?)```", section, re.S)[:2]
+    text = (ROOT / "examples" / "natural.fd").read_text()
+    assert program == text[text.index("layer(i, Z)"):]
+    assert ":=" not in program  # the manual's spelling
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/natural.fd"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == output
