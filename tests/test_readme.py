@@ -61,3 +61,15 @@ def test_the_gpt_example_its_output_and_its_training_are_real():
     assert r.returncode == 0, r.stderr
     last = r.stdout.strip().splitlines()[-1]
     assert "ends with `%s`" % last in README
+
+
+def test_the_deep_encoder_section_is_the_natural_program_and_its_real_output():
+    section = README[README.index("## Deep encoders"):README.index("## The repl")]
+    program, output = re.findall(r"```\n(.*?)```", section, re.S)[:2]
+    text = (ROOT / "examples" / "natural.fd").read_text()
+    assert program == text[text.index("layer(i, Z)"):]
+    assert ":=" not in program  # the manual's spelling
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/natural.fd"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == output

@@ -113,7 +113,17 @@ def gradients(program, w, values: Optional[Mapping] = None, what: str = "the for
     coeffs = coefficients(program, w, what)  # the checks: a normal form, of weights only
     if T.is_zero(w):
         return {}
-    grads = compile_gradients(w, program.dims)(program_values(program) if values is None else values)
+    values = program_values(program) if values is None else values
+    with np.errstate(all="ignore"):  # a non-finite gradient is reported below, with its term
+        grads = compile_gradients(w, program.dims)(values)
+    for name, g in grads.items():
+        bad = numpy_eval.first_non_finite(g)
+        if bad is not None:
+            # find the term that made it: the interpreter stops at the first non-finite value
+            ev = numpy_eval.Evaluator(values, program.dims)
+            for G in coeffs.values():
+                ev.value(G)
+            raise numpy_eval.NonFinite("the gradient %s is not finite: %s" % (name, bad))
     for x in coeffs:  # the gradient of a scalar weight is a number: 0-d, as its value in a values file
         name = x.data[0].printed()
         if x.scalar and np.size(grads[name]) == 1:
