@@ -123,6 +123,7 @@ class Evaluator:
         self.memo: dict = {}
         self.evaluations = 0
         self._bound: dict = {}  # printed name -> the given array, checked against its declaration
+        self._masks: set = set()  # nodes that may hold -inf by design (see _masked)
 
     def value(self, term: Term) -> np.ndarray:
         """The value of ``term``: a float64 array, 1 x 1 for scalars."""
@@ -135,8 +136,18 @@ class Evaluator:
                     self._check_size(node)
                     memo[node] = out = self._node(node)
                     self.evaluations += 1
-                    _check_finite(node, out)
+                    _check_finite(node, out, self._masked(node))
         return memo[term]
+
+    def _masked(self, node: Term) -> bool:
+        """Whether ``node`` may hold -inf by design: a causal mask, or a sum or transpose with one in
+        it (``S + M``, which softmax turns into finite numbers)."""
+        masks = self._masks
+        if (node.op == "sym" and node.data[0].value == "causal") or (
+                node.op in ("add", "t") and any(a in masks for a in node.args)):
+            masks.add(node)
+            return True
+        return False
 
     def _check_size(self, node: Term) -> None:
         """Refuse, before computing it, a value that would not fit in memory (dim n = 10^9)."""
@@ -293,10 +304,11 @@ def first_non_finite(array) -> Optional[str]:
     return "%s at %s" % (array[index], list(index))
 
 
-def _check_finite(node: Term, out) -> None:
+def _check_finite(node: Term, out, masked: bool = False) -> None:
     """Evaluation is children first, so the first node whose value is not finite is the one that
-    made it (its operands were finite): the message names it."""
-    bad = first_non_finite(out)
+    made it (its operands were finite): the message names it. A masked value (a causal mask, and
+    sums holding one) may hold -inf."""
+    bad = first_non_finite(np.where(np.isneginf(out), 0.0, out) if masked else out)
     if bad is not None:
         if node.op == "sym":
             raise NonFinite("the value of %s is not finite: %s" % (node.data[0].printed(), bad))
