@@ -29,7 +29,7 @@ import numpy as np
 
 from . import forms
 from . import terms as T
-from .cli import subcommand
+from .cli import FILE_HELP, subcommand
 from .errors import FdslError
 from .functions import as_int, describe, function
 from .statements import Write
@@ -203,7 +203,7 @@ def _register(sub):
     from .backends.numpy_grad import add_value_options
 
     p = sub.add_parser("train", help="gradient descent on the weights of a 1-form with its symbolic gradients")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form, e.g. a definition w = form(E): "
                    "each step moves W by lr grad(w, W), which for form(E) descends 1/2 ||E||^2")
     p.add_argument("--steps", type=int, required=True, metavar="N", help="number of steps")

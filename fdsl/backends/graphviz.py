@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
 from .. import forms
-from ..cli import subcommand
+from ..cli import FILE_HELP, subcommand
 from ..errors import FdslError
 from ..functions import as_term, describe, function
 from ..ops import OPS
@@ -666,7 +666,7 @@ def _cmd_deps(args) -> int:
 @subcommand
 def _register(sub):
     p = sub.add_parser("diagram", help="draw a term graph with Graphviz (.svg .png .pdf, or .dot)")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     p.add_argument("--expr", required=True, metavar="NAME",
                    help="a definition's name or any expression, e.g. E or 'form(encoder(2))'")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="out.svg, out.png, out.pdf or out.dot")
@@ -679,7 +679,7 @@ def _register(sub):
     p.set_defaults(func=_cmd_diagram)
 
     q = sub.add_parser("deps", help="draw which weights appear in the coefficient of each dW of a form")
-    q.add_argument("file")
+    q.add_argument("file", help=FILE_HELP)
     q.add_argument("--form", required=True, metavar="NAME",
                    help="a 1-form: a definition's name or an expression, e.g. 'form(encoder(8))'")
     q.add_argument("-o", "--output", required=True, metavar="OUT", help="deps.svg, .png, .pdf or .dot")
