@@ -67,7 +67,7 @@ def _cmd_run(args) -> int:
     from .program import Program, load
 
     if args.file is None and not args.expr:
-        raise FdslError("give a program: fdsl run FILE, fdsl run - (standard input) or fdsl run -e 'TEXT'")
+        args.parser.error("give a program: fdsl run FILE, fdsl run - (standard input) or fdsl run -e 'TEXT'")
     setup, after = run_setup(args)
     if args.file is not None:
         program = load(args.file, rules=args.rules or (), setup=setup)
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="program text, e.g. 'dim n; const A : n x n; weight W : n x n; normal(form(A W))': "
                      "statements separated by ';', an expression alone is shown (repeatable; after FILE)")
     add_run_options(run)
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_cmd_run, parser=run)
 
     import importlib
 

@@ -55,16 +55,17 @@ def keyword_hint(word: str) -> Optional[str]:
     return close[0] if close else None
 
 
-def syntax_hint(text: str, line: int, col: int):
+def syntax_hint(text: str, line: int, col: int, keywords: bool = True):
     """``(hint, column, whole)`` for the syntax error at ``line``:``col`` (1-based) of ``text``:
     the column is where the caret belongs (a misspelt keyword, not the token after it), and
-    ``whole`` says the hint is the whole message rather than an addition to it; or None."""
+    ``whole`` says the hint is the whole message rather than an addition to it; or None.
+    ``keywords``: look for a misspelt statement keyword (programs; rule files have their own)."""
     lines = text.splitlines()
     if not 0 < line <= len(lines):
         return None
     hint = _hint_at(lines[line - 1], col)
     if hint is None:
-        return _keyword_at(lines[line - 1], col)
+        return _keyword_at(lines[line - 1], col) if keywords else None
     return hint, col, False
 
 

@@ -13,6 +13,10 @@ linear     the argument positions in which an operator is linear: a zero there m
 opaque     rewriting does not look inside (a ``let`` keeps its body as it was defined).
 numpy      an expression template over the argument values ``{0}``, ``{1}``, ...; the numpy backend
            compiles it for evaluation and copies it into generated code. The core never runs it.
+           Templates are fdsl's own text only: the built-in ones below, those of ``NUMPY_FUNCTIONS``
+           (the fixed table a rule file names with ``numpy tanh``), and the ones ``fdsl.rules``
+           composes from those for an operator defined by an fdsl expression. Nothing read from a
+           rule file is ever a template.
 
 Adding an operator is one ``Op`` entry here (or an ``operator`` line in a rule file, see
 ``fdsl.rules``) plus its rules in a ``.rules`` file; no other Python changes.
@@ -184,6 +188,22 @@ def _scalar_only(name):
 
 def _leaf(args):  # leaves carry their shape in their data; terms.py fills it in
     raise AssertionError("leaf shapes are set by their constructors")
+
+
+# ---- numpy functions a rule file may name ------------------------------------------------------
+# ``operator tanh(A) numpy tanh`` picks an entry here by name: (arity, template). Elementwise only
+# (the shape rule of user operators keeps their arguments' common shape).
+
+NUMPY_FUNCTIONS: dict[str, tuple] = {
+    **{f: (1, "np.%s({0})" % f) for f in (
+        "tanh", "sinh", "cosh", "arctan", "arcsinh", "exp", "expm1", "log", "log1p", "sqrt", "cbrt",
+        "abs", "sign", "sin", "cos", "square", "reciprocal", "negative")},
+    "sigmoid": (1, "(0.5 + 0.5 * np.tanh(0.5 * {0}))"),  # 1 / (1 + exp(-x)), without overflow
+    "softplus": (1, "np.logaddexp(0.0, {0})"),  # log(1 + exp(x)), without overflow
+    "step": (1, "np.heaviside({0}, 0.0)"),  # 1 where positive, else 0
+    **{f: (2, "np.%s({0}, {1})" % f) for f in (
+        "maximum", "minimum", "multiply", "add", "subtract", "divide", "hypot", "arctan2", "logaddexp")},
+}
 
 
 # ---- the table ---------------------------------------------------------------------------------

@@ -266,7 +266,7 @@ def syntax_error(e: UnexpectedInput, text: str, filename: str, grammar: str = "f
         line, col = len(lines), len(lines[-1]) + 1
     else:  # pragma: no cover - Lark has no other kinds
         msg, line, col = str(e), getattr(e, "line", None), getattr(e, "column", None)
-    hint = syntax_hint(text, line or 0, col or 0)
+    hint = syntax_hint(text, line or 0, col or 0, keywords=grammar == "fdsl.lark")
     if hint is not None:  # a habit from elsewhere: say what to write instead of what could follow
         text_, col, whole = hint
         msg = text_ if whole else "%s; %s" % (msg.split("; expected ")[0], text_)

@@ -534,10 +534,13 @@ class Program:
 
     def run(self, out=None) -> None:
         """Perform the effects: print what was shown, write the files that were asked for."""
+        from .statements import perform_all
+
         out = out or sys.stdout
-        for effect in self.effects:
-            effect.perform(out, self)
-        self.effects.clear()
+        try:
+            perform_all(self.effects, out, self)
+        finally:
+            self.effects.clear()
 
     def resolve_path(self, path: str) -> Path:
         p = Path(path)

@@ -336,8 +336,9 @@ class Session:
             raise
         buf = io.StringIO()
         try:
-            for effect in program.effects:
-                effect.perform(buf, program)
+            from .statements import perform_all
+
+            perform_all(program.effects, buf, program)
         finally:
             program.effects.clear()
             self.show(buf.getvalue(), hint)

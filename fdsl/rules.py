@@ -22,6 +22,7 @@ guard predicates, unknown rulesets in ``includes`` and strategies, and malformed
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -32,7 +33,9 @@ from lark.exceptions import UnexpectedInput, VisitError
 from . import ops as O
 from .errors import FdslError
 from .parse import Node, ToAst, _parser, syntax_error
-from .patterns import Bag, Num, Op, Seq, Var, Word, heads, variables
+from . import terms as T
+from .ops import ShapeError
+from .patterns import Bag, Num, Op, Seq, Var, Word, build, heads, variables
 from .resources import stdlib_dir
 from .rewrite import BUILTIN_STRATEGIES, PREDICATES, Engine, Rule, Strategy
 
@@ -90,7 +93,21 @@ class _RuleAst(ToAst):
         return self._item("operator", meta, name=str(head)[:-1], params=params, options=options)
 
     def op_numpy(self, meta, c):
-        return ("numpy", str(c[0])[1:-1])
+        return ("numpy", (str(c[0]), meta.line, meta.column))
+
+    def op_numpy_template(self, meta, c):
+        # the old syntax ran its text as Python; rule files are data, so it is refused here
+        template = str(c[0])[1:-1]
+        known = re.fullmatch(r"\s*(?:np|numpy)\.(\w+)\(\s*\{0\}\s*\)\s*", template)
+        name = known.group(1) if known and known.group(1) in O.NUMPY_FUNCTIONS else None
+        raise FdslError("numpy \"TEMPLATE\" is Python text, and fdsl runs none from rule files: %s"
+                        % ("write numpy %s" % name if name else
+                           "name a numpy function (numpy tanh; one of %s) or give the operator's value "
+                           "as an fdsl expression over its arguments (operator f(A, B) = B - tanh(A) * B)"
+                           % ", ".join(sorted(O.NUMPY_FUNCTIONS))), line=meta.line, col=meta.column)
+
+    def op_body(self, meta, c):
+        return ("body", c[0])
 
     def op_latex(self, meta, c):
         return ("latex", str(c[0])[1:-1])
@@ -125,17 +142,26 @@ def parse_rule_file(text: str, filename: str) -> list:
 class _Compiler:
     """Turns the expression Nodes of a rule into patterns, checking operators and arities."""
 
-    def __init__(self, err):
+    def __init__(self, err, params=None):
         self.err = err  # err(message, node) -> FdslError
+        self.params = params  # an operator's body: its argument names, which stand as variables
 
     def __call__(self, n: Node):
         k = n.kind
+        if k in ("var", "seqvar") and self.params is not None:
+            raise self.err("in an operator's value, arguments are written by name (%s), not as ?%s"
+                           % (n.value, n.value), n)
         if k == "var":
             return Var(n.value)
         if k == "seqvar":
             return Seq(n.value)
         if k == "number":
             return Num(n.value)
+        if k == "name" and self.params is not None:
+            if n.value not in self.params:
+                raise self.err("%r in the value of an operator: it may use only its arguments (%s)"
+                               % (n.value, ", ".join(self.params)), n)
+            return Var(n.value)
         if k == "name":
             raise self.err("%r in a rule: pattern variables start with ? (write ?%s)" % (n.value, n.value), n)
         if k == "string":
@@ -143,8 +169,8 @@ class _Compiler:
         if k == "call":
             op = O.OPS.get(n.value)
             if op is None or op.arity is None or n.value in ("sym", "num", "zero", "eye"):
-                raise self.err("unknown operator %r (declare it in a rule file: operator %s(A) numpy \"...\")"
-                               % (n.value, n.value), n)
+                raise self.err("unknown operator %r (declare it in a rule file: operator %s(A) numpy NAME, "
+                               "or operator %s(A) = EXPR)" % (n.value, n.value, n.value), n)
             if op.arity != len(n.args):
                 raise self.err("%s takes %d argument%s, not %d" % (n.value, op.arity, "" if op.arity == 1 else "s",
                                                                    len(n.args)), n)
@@ -375,20 +401,30 @@ class RuleBook:
             raise err("operator %s is built in" % name, item)
         if len(set(params)) != len(params):
             raise err("operator %s names an argument twice" % name, item)
-        opts = {"numpy": None, "linear": [], "latex": None, "doc": ""}
+        opts = {"numpy": None, "linear": [], "latex": None, "doc": "", "body": None}
         for key, value in item["options"]:
             opts[key] = value
         for lin in opts["linear"]:
             if lin not in params:
                 raise err("operator %s has no argument %s to be linear in" % (name, lin), item)
+        template = None
+        if opts["numpy"] is not None and opts["body"] is not None:
+            raise err("operator %s has both a numpy function and a value: give one" % name, item)
         if opts["numpy"] is not None:
-            try:
-                opts["numpy"].format(*["a%d" % i for i in range(len(params))])
-            except (IndexError, KeyError, ValueError) as e:
-                raise err("the numpy template of %s uses {%s}, but the arguments are {0}..{%d}"
-                          % (name, e, len(params) - 1), item)
+            fn, line, col = opts["numpy"]
+            where = {"line": line, "col": col}
+            if fn not in O.NUMPY_FUNCTIONS:
+                raise err("no numpy function %r in fdsl's table; the table has %s (or give the value "
+                          "as an fdsl expression: operator %s(...) = EXPR)"
+                          % (fn, ", ".join(sorted(O.NUMPY_FUNCTIONS)), name), where)
+            arity, template = O.NUMPY_FUNCTIONS[fn]
+            if arity != len(params):
+                raise err("numpy %s takes %d argument%s, but %s has %d" % (
+                    fn, arity, "" if arity == 1 else "s", name, len(params)), where)
+        if opts["body"] is not None:
+            template = _body_template(name, params, opts["body"], err)
         O.register(O.Op(name, len(params), O.same_shape_args(name), linear=tuple(params.index(l) for l in opts["linear"]),
-                        numpy=opts["numpy"], latex=opts["latex"], doc=opts["doc"] or "user operator %s" % name,
+                        numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
                         user=True, params=tuple(params)))
 
     def _compile_rule(self, item, ruleset, display, err, text) -> Rule:
@@ -542,6 +578,68 @@ def _one_edit_apart(a: str, b: str) -> bool:
         i += 1
     # the first difference: skip one letter of the longer name, or one of each if equally long
     return a[i + (len(a) == len(b)):] == b[i + 1:]
+
+
+# ---- operators defined by an expression ------------------------------------------------------------
+
+# A composed template longer than this is refused: each use of an operator in a value copies its
+# template, so a chain of operators that each use the previous one twice doubles at every link.
+_MAX_TEMPLATE = 20_000
+
+
+def _body_template(name, params, body: Node, err) -> str:
+    """The numpy template of ``operator name(params) = body``, composed from the templates of the
+    operators the body uses (built in, from the numpy table, or declared before): fdsl's own text
+    and numbers, never the rule file's. The body is checked to keep its arguments' shape."""
+    pattern = _Compiler(err, params)(body)
+    rows, cols = "r", "c"  # symbolic sizes: the check holds for every shape
+    bindings = {p: T.sym(T.Symbol(p), (rows, cols)) for p in params}
+    try:
+        shape = build(pattern, bindings).shape
+    except ShapeError as e:
+        raise err("the value of operator %s must keep its arguments' shape: %s" % (name, e), body) from None
+    if shape not in ((rows, cols), None):
+        raise err("the value of operator %s has shape %s, not its arguments' shape (r x c)"
+                  % (name, O.shape_str(shape)), body)
+
+    def compose(p):
+        if isinstance(p, Var):
+            return "({%d})" % params.index(p.name)
+        if isinstance(p, Num):
+            return "(%r)" % float(p.value)
+        if isinstance(p, Word):
+            return "_mul(%s)" % ", ".join(compose(q) for q in p.items)
+        if isinstance(p, Bag):
+            return "(%s)" % (" + " if p.op == "add" else " * ").join(compose(q) for q in p.items)
+        spec = O.OPS[p.op]
+        if p.op == name:
+            raise err("the value of operator %s uses %s itself" % (name, name), body)
+        if spec.numpy is None:
+            raise err("the value of operator %s uses %s, which has no numbers (d is a differential)"
+                      % (name, p.op), body)
+        args = [compose(q) for q in p.args]
+        data = "(%r)" % float(p.data) if p.data is not None else None
+        return spec.numpy.format(*args, args=", ".join(args), args_sum=" + ".join(args),
+                                 args_had=" * ".join(args), value=data, exponent=data)
+
+    template = compose(pattern)
+    if len(template) > _MAX_TEMPLATE:
+        raise err("the value of operator %s expands to %d characters of numpy code (at most %d): "
+                  "operators that use other operators many times multiply" % (name, len(template), _MAX_TEMPLATE), body)
+    return template
+
+
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+_LATEX_SPECIAL = {c: "\\" + c for c in "#$%&_{}"}
+_LATEX_SPECIAL.update({"\\": r"\textbackslash{}", "^": r"\textasciicircum{}", "~": r"\textasciitilde{}"})
+
+
+def _latex_head(text):
+    """An operator's LaTeX name: a control word (``\\tanh``) as given; any other text escaped, as
+    an operator name, so a rule file cannot inject LaTeX into a paper."""
+    if text is None or _LATEX_COMMAND.fullmatch(text):
+        return text
+    return r"\operatorname{%s}" % "".join(_LATEX_SPECIAL.get(c, c) for c in text)
 
 
 def _display_path(path: Path) -> str:

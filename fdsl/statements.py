@@ -5,8 +5,10 @@ Vocabulary
 Statement  a command keyword, its one-line doc and ``run(program, stmt)``, which evaluates the
            arguments and appends effects to the program (or changes its state: rules, values).
 Effect     something a statement does to the world, performed by ``Program.run`` only once the
-           whole program has elaborated: ``Print`` a text, ``Write`` a file (atomically: a
-           temporary file renamed into place, so a failed run leaves nothing half-written).
+           whole program has elaborated: ``Print`` a text, ``Write`` a file. Files are written
+           all or nothing (``perform_all``): each to a temporary file beside its target, then
+           renamed over it once every one is written; through symlinks, keeping the existing
+           file's mode, and only to regular files or new ones.
 
 The grammar's ``COMMAND`` terminal lists the same keywords; a test holds the two together.
 """
@@ -14,6 +16,7 @@ The grammar's ``COMMAND`` terminal lists the same keywords; a test holds the two
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +31,7 @@ class Print:
     text: str
 
     def perform(self, out, program):
-        out.write(self.text + "\n")
+        perform_all([self], out, program)
 
 
 @dataclass
@@ -38,27 +41,111 @@ class Write:
     note: str = ""
 
     def perform(self, out, program):
-        atomic_write(self.path, self.write)
-        if self.note:
-            out.write(self.note + "\n")
+        perform_all([self], out, program)
 
 
-def atomic_write(path: Path, write: Callable) -> None:
-    """Write a file all at once: ``write(tmp)`` fills a temporary file beside ``path``, which is
-    then renamed over it, so a failure leaves the old file (or none), never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=path.suffix)
-    os.close(fd)
+def perform_all(effects, out, program) -> None:
+    """Perform effects all or nothing: every file is first written beside its target, then, once
+    all of them are written, each is renamed over its target and the texts are printed. A write
+    that fails removes the temporary files and changes nothing."""
+    staged = []
     try:
-        write(Path(tmp))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written file gets the usual mode
-        os.replace(tmp, path)
+        for effect in effects:
+            if isinstance(effect, Write):
+                staged.append(stage(effect.path, effect.write))
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for s in staged:
+            s.discard()
         raise
+    for s in staged:
+        s.commit()
+    for effect in effects:
+        text = effect.text if isinstance(effect, Print) else effect.note
+        if text and out is not None:
+            out.write(text + "\n")
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+          (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"))
+
+
+def _cannot(path, why) -> FdslError:
+    return FdslError("cannot write this file: %s" % why, file=str(path) or "<output>")
+
+
+def target_of(path):
+    """Where writing ``path`` lands, and its status (None for a new file): symlinks are followed,
+    so writing a link writes the file it points to; anything but a regular file is refused."""
+    if str(path) in ("", "."):
+        raise FdslError("an output file needs a name, not an empty path", file="<output>")
+    real = Path(os.path.realpath(path))
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise _cannot(path, e.strerror or e) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a regular file")
+        raise _cannot(path, "it is %s; fdsl writes only regular files (or new ones)" % kind)
+    if st is None:  # a new file: missing folders are made, but only under a folder
+        folder = real.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise _cannot(path, "%s is not a folder" % folder)
+    return real, st
+
+
+@dataclass
+class Staged:
+    """A file written completely beside its target, waiting to be renamed over it."""
+
+    target: Path
+    tmp: Path
+
+    def commit(self) -> None:
+        os.replace(self.tmp, self.target)
+
+    def discard(self) -> None:
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
+def stage(path, write: Callable) -> Staged:
+    """``write(tmp)`` fills a new temporary file in the target's folder, given the target's mode
+    (a new file: the usual mode under the umask); errors are FdslErrors and leave nothing behind."""
+    real, st = target_of(path)
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=real.parent, prefix="." + real.name + ".", suffix=".tmp")
+    except OSError as e:
+        raise _cannot(path, e.strerror or e) from None
+    os.close(fd)
+    staged = Staged(real, Path(tmp))
+    try:
+        write(staged.tmp)
+        if st is not None:
+            mode = stat.S_IMODE(st.st_mode)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)  # mkstemp makes 0600
+    except OSError as e:
+        staged.discard()
+        raise _cannot(path, e.strerror or e) from None
+    except BaseException:
+        staged.discard()
+        raise
+    return staged
+
+
+def atomic_write(path, write: Callable) -> None:
+    """Write one file all at once (see ``stage``): the old file or the new one, never half."""
+    stage(path, write).commit()
 
 
 @dataclass(frozen=True)
@@ -131,7 +218,12 @@ def _save(program, st):
     path, value = _args(program, st, 2, 2, 'save "FILE.npz" EXPR')
     from .backends import numpy_eval
 
-    program.effects.append(numpy_eval.save_effect(program, program.resolve_path(_string_arg(path, "a file name")), value))
+    path = program.resolve_path(_string_arg(path, "a file name"))
+    try:
+        target_of(path)  # checked now, so the message points at the statement
+    except FdslError as e:
+        raise FdslError(e.message, line=st.line, col=st.col) from None
+    program.effects.append(numpy_eval.save_effect(program, path, value))
 
 
 def _leftmost(node):

@@ -8,9 +8,9 @@ flow     ``W <- W + lr grad(w, W)`` for every weight W of the 1-form w (``grad``
          descent on L, the manual's negative Euler flow pulled back to the weights.
 loss     ``L = 1/2 ||E||^2`` when w is ``form(E)`` (recognised as the term ``-trace(E^t d(E))``); for
          any other 1-form the size of its gradient, ``|grad| = sqrt(sum_W ||grad(w, W)||^2)``.
-step     one evaluation of every coefficient of the normal form (computed once, before the first
-         step) and of E, with one fresh Evaluator over the current values (so E and the blocks the
-         coefficients share are computed once per step), then the update of every weight.
+step     one call of the generated code of the normal form (computed and lowered once, before
+         the first step; the same code as ``grad(w)`` and ``fdsl grad``) and one evaluation of E
+         for the loss, then the update of every weight.
 
 Two surfaces: ``train(w, steps, lr, every?)`` in a program (``fdsl run examples/train.fd``), which
 trains the program's own values, so later ``eval``/``save``/``grad`` see the trained weights; and
@@ -32,7 +32,7 @@ from . import terms as T
 from .cli import FILE_HELP, subcommand
 from .errors import FdslError
 from .functions import as_int, describe, function
-from .statements import Write
+from .statements import Write, target_of
 from .terms import Term
 
 
@@ -82,10 +82,10 @@ class Trainer:
         from .backends.numpy_eval import Evaluator
         from .backends.numpy_grad import gradients
 
-        ev = Evaluator(self.values, self.dims, self.origin)
-        grads = gradients(self.program, self.normal, evaluator=ev, what=self.what)
+        # the generated code, as for grad(w) and fdsl grad: one lowering for every gradient
+        grads = gradients(self.program, self.normal, self.values, what=self.what)
         if self.error is not None:
-            loss = 0.5 * float(np.sum(ev.value(self.error) ** 2))
+            loss = 0.5 * float(np.sum(Evaluator(self.values, self.dims, self.origin).value(self.error) ** 2))
         else:
             loss = math.sqrt(sum(float(np.sum(g ** 2)) for g in grads.values()))
         return loss, grads
@@ -165,6 +165,8 @@ def _train(program, w, steps, lr, every=None):
 
 
 def _cmd_train(args) -> int:
+    if args.out is not None:
+        target_of(args.out)  # a path that cannot be written fails before the work
     from .backends.numpy_grad import check_given, form_named, load_with_values
 
     every = _check_schedule(args.steps, args.lr, args.every)
@@ -190,10 +192,7 @@ def _cmd_train(args) -> int:
             with open(tmp, "wb") as f:
                 np.savez(f, **values)
 
-        try:
-            Write(out, write).perform(None, program)
-        except OSError as e:
-            raise FdslError("cannot write the trained values: %s" % (e.strerror or e), file=str(out)) from None
+        Write(out, write).perform(None, program)
         print("wrote %s: %d arrays (the trained weights %s and the constants)" % (out, len(values), ", ".join(trainer.weights)))
     return 0
 

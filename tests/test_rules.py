@@ -3,11 +3,10 @@ user operators, the step limit and --trace."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import _run_fdsl
 
 import fdsl
 from fdsl import terms as T
@@ -19,8 +18,8 @@ BAD_RULES = sorted((ROOT / "tests" / "bad_rules").glob("*.rules"))
 
 
 def fdsl_cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "fdsl.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    # conftest's runner: the package of this checkout, whatever the working folder
+    return _run_fdsl(*args, cwd=cwd)
 
 
 # ---- rule-file errors: file:line:col, exit 2, no traceback ------------------------------------------

@@ -411,15 +411,20 @@ class Lowering:
             if b not in self.refs:
                 self.refs[b] = self._emit(b)
         results = {}
+        inputs = {s.target for s in self.inputs}
+        handed_out: set = set()
         for name, t in self.outputs.items():
             ref = self.ref(t)
             if ref.scalar:
                 shape, _ = self._shape_code(t.shape)
                 results[name] = ("np.full(%s, %s)" % (shape, ref.var), (ref.var,))
-            elif ref.var in self._module_vars() or ref.var in self._runtime_const_vars():
-                results[name] = ("%s.copy()" % ref.expr(), (ref.var,))  # never hand out a constant
+            elif (ref.var in self._module_vars() or ref.var in self._runtime_const_vars() or ref.var in inputs
+                  or ref.var in handed_out):
+                # never hand out a constant, the caller's own array, or one array as two results
+                results[name] = ("%s.copy()" % ref.expr(), (ref.var,))
             else:
                 results[name] = (ref.expr(), (ref.var,))
+                handed_out.add(ref.var)
         return results
 
     def ref(self, t: Term) -> _Ref:
@@ -575,6 +580,9 @@ class Lowering:
                                                        self._oriented_shape(word[-1])[1]))
         self.flops += rows * inner * cols
         sizes = {"left": rows * inner, "right": inner * cols, "out": rows * cols}
+        # a side that is a vector of ones is not multiplied but summed over (_matmul): a scalar put
+        # on it would be lost, so it goes on the other side or the result
+        sizes.pop(self._ones_side(word[:s + 1], word[s + 1:]), None)
         where = min(sizes, key=sizes.get)
         lhs, rhs = left.expr(), right.expr()
         uses = [left.var, right.var] + scale
@@ -634,11 +642,24 @@ class Lowering:
         self.avail[key] = (var, rel)
         return _Ref(var)
 
-    def _matmul(self, lhs, rhs, lword, rword, left, right) -> str:
-        """``lhs @ rhs``, or a row or column sum when one side is a single vector of ones."""
+    def _ones_side(self, lword, rword) -> Optional[str]:
+        """Which side of the product ``lword rword`` is a single vector of ones (a column on the
+        right, a row on the left), so that the product is a row or column sum of the other side."""
         if len(rword) == 1 and self._ones_factor(rword[0]) and self._oriented_shape(rword[0])[1] == 1:
-            return self._sum_axis(left, 1, lhs)
+            return "right"
         if len(lword) == 1 and self._ones_factor(lword[0]) and self._oriented_shape(lword[0])[0] == 1:
+            return "left"
+        return None
+
+    def _matmul(self, lhs, rhs, lword, rword, left, right) -> str:
+        """``lhs @ rhs``, or a row or column sum when one side is a single vector of ones (whose
+        expression must then be the plain vector: nothing on that side is read)."""
+        side = self._ones_side(lword, rword)
+        if side == "right":
+            assert rhs == right.expr(), "a scaled vector of ones would be summed away"
+            return self._sum_axis(left, 1, lhs)
+        if side == "left":
+            assert lhs == left.expr(), "a scaled vector of ones would be summed away"
             return self._sum_axis(right, 0, rhs)
         return "%s @ %s" % (lhs, rhs)
 
@@ -908,6 +929,9 @@ def normal_form_of(program, value, name: str) -> Term:
 
 def _cmd_codegen(args) -> int:
     from ..program import load
+    from ..statements import target_of
+
+    target_of(args.output)  # a path that cannot be written fails before the work
     from .numpy_grad import form_named
 
     program = load(args.file, rules=args.rules or ())
@@ -918,10 +942,7 @@ def _cmd_codegen(args) -> int:
     origin = "form %s of %s" % (name, args.file)
     source = gradients_source(w, program.dims, origin)
     out = Path(args.output)
-    try:
-        atomic_write(out, lambda tmp: tmp.write_text(source))
-    except OSError as e:
-        raise FdslError("cannot write the generated code: %s" % (e.strerror or e), file=str(out)) from None
+    atomic_write(out, lambda tmp: tmp.write_text(source))
     print("wrote %s: grads(values) for %d weight%s" % (out, len(gradient_terms(w)),
                                                       "" if len(gradient_terms(w)) == 1 else "s"))
     return 0

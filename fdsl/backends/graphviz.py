@@ -53,7 +53,7 @@ from ..errors import FdslError
 from ..functions import as_term, describe, function
 from ..ops import OPS
 from ..printers import Style
-from ..statements import Write
+from ..statements import Write, target_of
 from ..terms import Term, factors, postorder, tree_size
 
 # Light fills (ColorBrewer Set3 without its grey, which marks constants): black text stays legible.
@@ -525,21 +525,13 @@ def to_dot(graph: nx.DiGraph, name: str = "fdsl", split_leaves: bool = False) ->
 # ---- rendering -----------------------------------------------------------------------------------
 
 
-class DiagramWrite(Write):
-    """A Write whose failures are the user's to fix (a missing directory, no permission)."""
-
-    def perform(self, out, program):
-        try:
-            super().perform(out, program)
-        except OSError as e:
-            raise FdslError("cannot write this file: %s" % (e.strerror or e), file=str(self.path)) from None
 
 
 @dataclass
 class Plan:
     """How a diagram will be written: the Write effect, and whether ``dot`` was missing."""
 
-    write: DiagramWrite
+    write: Write
     fallback: bool  # dot is not installed: the effect writes the .dot text beside the requested file
 
 
@@ -566,11 +558,11 @@ def plan(dot_text: str, path) -> Plan:
     path = Path(path)
     fmt = output_format(path)
     if fmt is None:
-        return Plan(DiagramWrite(path, lambda tmp: tmp.write_text(dot_text, encoding="utf-8")), False)
+        return Plan(Write(path, lambda tmp: tmp.write_text(dot_text, encoding="utf-8")), False)
     exe = shutil.which("dot")
     if exe is None:
         target = path.with_suffix(".dot")
-        return Plan(DiagramWrite(target, lambda tmp: tmp.write_text(dot_text, encoding="utf-8")), True)
+        return Plan(Write(target, lambda tmp: tmp.write_text(dot_text, encoding="utf-8")), True)
 
     def run_dot(tmp: Path):
         try:
@@ -582,7 +574,7 @@ def plan(dot_text: str, path) -> Plan:
             message = done.stderr.decode("utf-8", "replace").strip()
             raise FdslError("Graphviz's dot could not draw %s: %s" % (path, message or "exit code %d" % done.returncode))
 
-    return Plan(DiagramWrite(path, run_dot), False)
+    return Plan(Write(path, run_dot), False)
 
 
 @dataclass
@@ -631,7 +623,8 @@ def diagram_command(program, expr_text: str, path=None) -> str:
 def _load(args):
     from ..program import load
 
-    output_format(args.output)  # a bad extension fails before the program is elaborated
+    output_format(args.output)  # a bad extension or target fails before the program is elaborated
+    target_of(args.output)
     return load(args.file, rules=args.rules or ())
 
 

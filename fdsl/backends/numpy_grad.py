@@ -11,10 +11,10 @@ gradient     ``grad(w, W) = G_W^t``, the dual of the form under the Euclidean (F
              ``form(E) = -dL`` with ``L = 1/2 ||E||^2``, so ``grad(form(E), W) = -dL/dW`` is the
              descent direction, and ``grad(trace(E^t d(E)), W) = +dL/dW``.
 gradients    all of them at once, keyed by printed weight name (``Q_0``, ``K_1``, ``b_0``):
-             ``gradients(program, w)`` is the one function the CLI, ``grad(w)``, ``save`` and
-             training go through (issue 6 swaps generated code in here). All coefficients are
-             evaluated with one shared ``Evaluator``, so a subterm several coefficients share (a
-             softmax block, the error E) is computed once.
+             ``gradients(program, w)`` is the one function the CLI, ``grad(w)``, ``save`` and the
+             repl go through, and training runs the same generated code: the normal form lowered
+             by ``fdsl.backends.codegen`` (one forward and one backward sweep, each shared subterm
+             once), which ``fdsl.differential`` holds against torch and finite differences.
 
 The gradients are computed from the symbolic normal form, never by numerical differentiation;
 tests/test_grad.py holds them against finite differences of the loss.
@@ -23,7 +23,7 @@ tests/test_grad.py holds them against finite differences of the loss.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -34,9 +34,9 @@ from ..cli import FILE_HELP, subcommand
 from ..errors import FdslError
 from ..functions import as_term, describe, function
 from ..printers import text
-from ..statements import Write
+from ..statements import Write, target_of
 from ..terms import Term, postorder
-from .numpy_eval import Evaluator, Numeric, program_evaluator, program_values
+from .numpy_eval import Numeric, program_evaluator, program_values
 
 
 # ---- normal forms and coefficients ---------------------------------------------------------------
@@ -102,20 +102,18 @@ def coefficients(program, w, what: str = "the form") -> dict:
     return {x: T.add(*out[x]) for x in ordered}
 
 
-def gradients(program, w, evaluator: Optional[Evaluator] = None, what: str = "the form") -> dict:
+def gradients(program, w, values: Optional[Mapping] = None, what: str = "the form") -> dict:
     """Printed weight name -> ``G_W^t`` (a float64 array shaped like W), for every weight of the
-    1-form ``w``, evaluated with one shared evaluator (by default over the program's values)."""
-    if evaluator is None:
-        # the generated code of `fdsl codegen`: one forward and one backward sweep
-        from .codegen import compile_gradients
+    1-form ``w``, over ``values`` (arrays by printed name; by default the program's values): the
+    generated code of ``fdsl codegen`` (one forward and one backward sweep), the one lowering
+    every gradient goes through."""
+    from .codegen import compile_gradients
 
-        w = normal_form(program, w, what)
-        coefficients(program, w, what)  # the checks: a normal form, of weights only
-        if T.is_zero(w):
-            return {}
-        return compile_gradients(w, program.dims)(program_values(program))
-    coeffs = coefficients(program, w, what)
-    return {x.data[0].printed(): evaluator.value(g).T for x, g in coeffs.items()}
+    w = normal_form(program, w, what)
+    coefficients(program, w, what)  # the checks: a normal form, of weights only
+    if T.is_zero(w):
+        return {}
+    return compile_gradients(w, program.dims)(program_values(program) if values is None else values)
 
 
 def symbol_leaves(terms) -> dict:
@@ -222,6 +220,7 @@ def check_given(program, terms, source: Optional[str]) -> None:
 
 
 def _cmd_grad(args) -> int:
+    target_of(args.out)  # a path that cannot be written fails before the work
     program = load_with_values(args)
     w = form_named(program, args.form)
     coeffs = coefficients(program, w, args.form)
@@ -233,10 +232,7 @@ def _cmd_grad(args) -> int:
         with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a bare name
             np.savez(f, **grads)
 
-    try:
-        Write(out, write).perform(None, program)
-    except OSError as e:
-        raise FdslError("cannot write the gradients: %s" % (e.strerror or e), file=str(out)) from None
+    Write(out, write).perform(None, program)
     print("wrote %s: %d gradient%s (%s)" % (out, len(grads), "" if len(grads) == 1 else "s", ", ".join(grads)))
     return 0
 

@@ -1,0 +1,189 @@
+"""Evaluate terms with torch: the autograd oracle that gradients are held against.
+
+Vocabulary
+----------
+oracle      an evaluation of a term that shares nothing with the rules or the numpy lowering:
+            each built-in operator is written here from its definition (DESIGN.md), in torch,
+            float64, so that ``torch.autograd`` differentiates the plain term. The gradients of
+            a normal form (rules, then numpy evaluation or generated code) must agree with it.
+builtin     ``sym``, ``num``, ``zero``, ``eye``, ``add``, ``mul``, ``had``, ``t``, ``pow``, ``trace``,
+            ``m`` (relu), ``a`` (row-wise softmax), ``mm(A, B) = [A > 0] o B``,
+            ``aa(A, B) = S o (B - rowsum(S o B) 1^t)`` and ``let`` (its body).
+user op     an operator a rule file declared (``operator tanh(A) numpy "np.tanh({0})"``): its numpy
+            template is its only definition, so it is run with ``np`` standing for a small
+            torch namespace (``np.tanh`` is ``torch.tanh``); a template that namespace cannot run
+            is an ``FdslError`` naming the operator, never a wrong number.
+values      arrays by printed symbol name, as for ``fdsl.backends.numpy_eval``; ``weights`` lists
+            the names whose gradients are wanted (their tensors require grad).
+
+torch is optional: ``available()`` says whether it can be imported; nothing else in fdsl needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from fractions import Fraction
+from typing import Mapping
+
+from ..errors import FdslError
+from ..ops import OPS
+from ..terms import Term, postorder
+
+
+def available() -> bool:
+    """Whether torch can be imported."""
+    return importlib.util.find_spec("torch") is not None
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class _NumpyInTorch:
+    """The part of numpy that operator templates use, in torch (for operators of rule files)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        for name in ("tanh", "exp", "log", "sin", "cos", "sqrt", "abs", "sign", "where", "trace"):
+            setattr(self, name, getattr(torch, name))
+        self.float64 = torch.float64
+
+    def maximum(self, a, b):
+        return self.torch.maximum(self._t(a), self._t(b))
+
+    def minimum(self, a, b):
+        return self.torch.minimum(self._t(a), self._t(b))
+
+    def asarray(self, a, dtype=None):
+        return self._t(a)
+
+    def _t(self, a):
+        return a if self.torch.is_tensor(a) else self.torch.tensor(float(a), dtype=self.torch.float64)
+
+
+class TorchEvaluator:
+    """Evaluates terms as float64 torch tensors over fixed values; one tensor per distinct node."""
+
+    def __init__(self, values: Mapping, dims: Mapping, weights=()):
+        self.torch = _torch()
+        self.dims = {k: v for k, v in dims.items() if v is not None}
+        self.leaves: dict = {}  # printed name -> tensor (weights require grad)
+        for name, array in values.items():
+            self.leaves[name] = self.torch.tensor(array, dtype=self.torch.float64,
+                                                  requires_grad=name in set(weights))
+        self.memo: dict = {}
+
+    def value(self, term: Term):
+        memo = self.memo
+        for node in postorder(term, descend=lambda n: n not in memo):
+            if node not in memo:
+                memo[node] = self._node(node)
+        return memo[term]
+
+    def gradients(self, loss: Term, weights) -> dict:
+        """d loss / d W for each printed weight name (zeros where the loss does not involve W)."""
+        out = self.value(loss).reshape(())
+        leaves = [self.leaves[w] for w in weights]
+        grads = self.torch.autograd.grad(out, leaves, allow_unused=True)
+        return {w: (g.detach().numpy() if g is not None else self.torch.zeros_like(x).detach().numpy())
+                for w, g, x in zip(weights, grads, leaves)}
+
+    # -- nodes
+
+    def _size(self, dim) -> int:
+        if isinstance(dim, int):
+            return dim
+        if dim not in self.dims:
+            raise FdslError("the torch oracle needs the size of dim %s" % dim)
+        return self.dims[dim]
+
+    def _full(self, value, shape):
+        return self.torch.full(tuple(self._size(s) for s in shape), float(value), dtype=self.torch.float64)
+
+    def _node(self, node: Term):
+        torch = self.torch
+        op, args = node.op, [self.memo[a] for a in node.args]
+        if op == "sym":
+            symbol, shape = node.data
+            if symbol.kind == "dim":
+                return self._full(self._size(symbol.name) if symbol.value is None else symbol.value, (1, 1))
+            if symbol.value == "ones":
+                return self._full(1.0, shape)
+            if symbol.value == "identity":
+                return torch.eye(self._size(shape[0]), dtype=torch.float64)
+            if isinstance(symbol.value, Term):
+                return self.value(symbol.value)
+            if symbol.printed() not in self.leaves:
+                raise FdslError("the torch oracle has no value for %s" % symbol.printed())
+            return self.leaves[symbol.printed()]
+        if op == "num":
+            return self._full(node.data, (1, 1))
+        if op == "zero":
+            return self._full(0.0, node.data)
+        if op == "eye":
+            return torch.eye(self._size(node.data), dtype=torch.float64)
+        if op == "let":
+            return args[0]
+        if op == "add":
+            out = args[0]
+            for x in args[1:]:
+                out = out + x
+            return out
+        if op == "mul":
+            scale, product = None, None
+            for x, a in zip(args, node.args):
+                if a.scalar:
+                    scale = x if scale is None else scale * x
+                else:
+                    product = x if product is None else product @ x
+            if product is None:
+                return scale
+            return product if scale is None else scale.reshape(()) * product
+        if op == "had":
+            out = args[0]
+            for x in args[1:]:
+                out = out * x
+            return out
+        if op == "t":
+            return args[0].T
+        if op == "pow":
+            return args[0] ** float(node.data)
+        if op == "trace":
+            return torch.trace(args[0]).reshape(1, 1)
+        if op == "m":
+            return torch.relu(args[0])
+        if op == "a":
+            return torch.softmax(args[0], dim=1)
+        if op == "mm":
+            return (args[0] > 0).to(torch.float64) * args[1]
+        if op == "aa":
+            s = torch.softmax(args[0], dim=1)
+            return s * (args[1] - (s * args[1]).sum(dim=1, keepdim=True))
+        if op == "d":
+            raise FdslError("the torch oracle evaluates matrices of numbers, not differentials")
+        return self._template(node, args)
+
+    def _template(self, node: Term, args):
+        spec = OPS.get(node.op)
+        if spec is None or spec.numpy is None:
+            raise FdslError("operator %s has no definition the torch oracle can run" % node.op)
+        names = ["x%d" % i for i in range(len(args))]
+        data = float(node.data) if isinstance(node.data, Fraction) else node.data
+        try:
+            expr = spec.numpy.format(*names, args=", ".join(names), args_sum=" + ".join(names),
+                                     args_had=" * ".join(names), value="data", exponent="data")
+            # the template is the operator's definition, from a rule file already loaded (and
+            # compiled the same way) by fdsl.backends.numpy_eval; no builtins are reachable
+            code = compile(expr, "<torch oracle of %s>" % node.op, "eval")
+            env = {"__builtins__": {}, "np": _NumpyInTorch(self.torch), "data": data}
+            env.update(zip(names, args))
+            out = eval(code, env)  # noqa: S307 - see above
+        except Exception as e:  # whatever the template does, torch cannot run it: say so
+            raise FdslError("the torch oracle cannot run operator %s's numpy template %r: %s"
+                            % (node.op, spec.numpy, e)) from None
+        if not self.torch.is_tensor(out):
+            raise FdslError("operator %s's numpy template %r gave no tensor in the torch oracle"
+                            % (node.op, spec.numpy))
+        return out

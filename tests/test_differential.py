@@ -1,0 +1,97 @@
+"""Gradients of ordinary models, every way fdsl computes them, against torch autograd and finite
+differences (fdsl.differential): the programs of issue 11, on which the generated code was wrong
+(a scalar moved onto a vector of ones and dropped when the product became a row sum), a mean-pooling
+model, a scaled residual and a centring layer, on sizes where each side of a product is the
+smaller one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fdsl.differential import check
+
+torch_eval = pytest.importorskip("fdsl.backends.torch_eval")
+
+LOSS = "\nL = trace(E^t E) / 2\n"
+
+SCALED_ONES = """\
+dim n = {n}, d = {d}
+const X : n x d, Y : n x 1
+const Cd : d x 1 = ones
+weight u : n x 1
+E := Y - m(2 X Cd) * u
+w = form(E)
+"""
+
+ONES_SUM = """\
+dim n = {n}, d = {d}
+const Y : n x d
+const C : n x 1 = ones
+const Cd : d x 1 = ones
+weight g : 1 x d
+F = C (Cd + Cd + g^t)^t
+E = Y - F
+w = trace(E^t d(E))
+"""
+
+MEAN_POOLING = """\
+dim n = {n}, d = {d}, h = 4, o = 2
+const X : n x d, Y : 1 x o
+const C : n x 1 = ones
+weight W1 : d x h, b1 : 1 x h, W2 : h x o
+H := m(X W1 + C b1)
+P = (1/n) C^t H
+E := Y - P W2
+w = form(E)
+"""
+
+SCALED_RESIDUAL = """\
+dim n = {n}, d = {d}, h = 3
+const X : n x d, Y : n x d
+const C : n x 1 = ones
+scalar al = 1/2
+weight W1 : d x h, b : 1 x h, W2 : h x d, f : 1 x d
+body(Z) = m(Z W1 + C b) W2 + C f
+Z1 := X + al body(X)
+E := Y - Z1
+w = form(E)
+"""
+
+CENTRED = """\
+dim n = {n}, d = {d}
+const X : n x d, Y : n x d
+const Cd : d x 1 = ones
+scalar r = d^(-1)
+weight W : d x d
+Z := X W
+E := Y - (Z - r Z Cd Cd^t)
+w = form(E)
+"""
+
+SIZES = [(6, 5), (3, 7), (1, 4), (4, 1), (1, 1)]
+
+
+@pytest.mark.parametrize("n, d", SIZES)
+@pytest.mark.parametrize("program, sign", [(SCALED_ONES, -1), (ONES_SUM, 1), (MEAN_POOLING, -1),
+                                           (SCALED_RESIDUAL, -1), (CENTRED, -1)],
+                         ids=["scaled-ones", "ones-sum", "mean-pooling", "scaled-residual", "centred"])
+def test_ordinary_models_give_torchs_gradients(program, sign, n, d):
+    if not torch_eval.available():
+        pytest.skip("torch is not installed")
+    for seed in range(10):  # values where the relus are not all dead: a zero gradient proves nothing
+        report = check(program.format(n=n, d=d) + LOSS, sign=sign, seed=seed)
+        if report.scale > 1e-3:
+            break
+    assert report.reference == "torch"
+    # every method: eval and generated code of the shared and expanded forms, grad(w), torch
+    assert {"code[shared]", "code[expanded]", "eval[shared]", "eval[expanded]", "grad(w)"} <= set(report.gradients)
+    assert report.ok, report.describe()
+    assert report.scale > 1e-3 or (program is CENTRED and d == 1)  # there Z - Z 1 1^t = 0
+
+
+def test_the_sign_of_the_form_matters():
+    """The check can fail: claiming the wrong sign for w = trace(E^t d(E)) is caught."""
+    report = check(ONES_SUM.format(n=3, d=7) + LOSS, sign=-1, use_torch=False)
+    assert not report.ok
+    assert {m for m, _, _ in report.disagreements} == {"finite differences"}
