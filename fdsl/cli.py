@@ -132,7 +132,7 @@ _SUBCOMMANDS: list = []
 
 # Modules that add subcommands with @subcommand; imported when the parser is built.
 SUBCOMMAND_MODULES: list[str] = ["fdsl.repl", "fdsl.backends.graphviz", "fdsl.backends.numpy_grad",
-                                 "fdsl.check", "fdsl.train", "fdsl.backends.codegen"]
+                                 "fdsl.check", "fdsl.train", "fdsl.backends.codegen", "fdsl.flow"]
 
 
 def subcommand(register):

@@ -58,7 +58,7 @@ _TERMINALS = {
     "CALL": "a function call", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
     "COMMA": "','", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
     "CIRCUMFLEX": "'^'", "EQUAL": "'='", "COLON": "':'", "SEMICOLON": "';'", "_NL": "end of line",
-    "$END": "end of input", "KIND": "a declaration", "COMMAND": "a command", "DIM": "'dim'",
+    "$END": "end of input", "KIND": "a declaration", "COMMAND": "a command", "METRIC": "'metric'", "DIM": "'dim'",
     "X": "'x'", "T": "'t'", "ARROW": "'=>'", "VAR": "a ?variable",
     "SEQVAR": "a ?variable...",
 }
@@ -219,6 +219,15 @@ class ToAst(Transformer_NonRecursive):
         keyword, *args = children
         return Stmt("command", meta.line, meta.column, name=str(keyword), items=args, end_line=meta.end_line)
 
+    def metric_index(self, meta, children):
+        name, *index = children  # metric K[i] = ...: the target as the expression K[i]
+        return self._node("index", meta, [self._node("name", meta, value=str(name))] + index)
+
+    def assign_command(self, meta, children):
+        keyword, *args, body = children
+        return Stmt("command", meta.line, meta.column, name=str(keyword), items=args, body=body,
+                    end_line=meta.end_line)
+
     def bare(self, meta, children):
         (expr,) = children
         # show(E) is the manual's spelling of the command show E
@@ -231,7 +240,7 @@ class ToAst(Transformer_NonRecursive):
         return list(children)
 
 
-_COMMANDS = ("show", "rules", "values", "random", "save")
+_COMMANDS = ("show", "rules", "values", "random", "save", "metric")
 
 
 def syntax_error(e: UnexpectedInput, text: str, filename: str, grammar: str = "fdsl.lark") -> FdslError:

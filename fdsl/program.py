@@ -43,7 +43,8 @@ DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway
 # Modules that register built-in functions (@function) and statements; imported once, on the
 # first Program. The core (terms, ops, rewrite, forms) never imports a backend itself.
 FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.forms", "fdsl.backprop", "fdsl.backends.graphviz", "fdsl.backends.numpy_eval",
-                               "fdsl.backends.numpy_grad", "fdsl.train"]
+                               "fdsl.backends.numpy_grad", "fdsl.train",
+                               "fdsl.metrics", "fdsl.flow"]
 _loaded = False
 
 
@@ -95,6 +96,7 @@ class Program:
         self._runaway = None  # the innermost call when Python's recursion limit is hit
         self._src = (filename, "")
         self.values = None  # the numpy backend's symbol values, when given
+        self.metric = None  # fdsl.metrics.Metric: what `metric` statements chose (Euclidean if none)
         _load_function_modules()
         from .rules import RuleBook
 

@@ -340,11 +340,12 @@ def test_show_spellings():
 
 
 def test_command_keywords_match_the_statement_table(repo):
-    """The grammar's COMMAND terminal and fdsl.statements.STATEMENTS list the same keywords."""
+    """The grammar's COMMAND and METRIC terminals and fdsl.statements.STATEMENTS list the same keywords."""
     from fdsl.statements import STATEMENTS
 
     grammar = (repo / "grammar" / "fdsl.lark").read_text()
     keywords = re.search(r"^COMMAND\.\d+: /\((.*)\)\\b/", grammar, re.M).group(1).split("|")
+    keywords += re.findall(r"^METRIC\.\d+: /(\w+)\\b/", grammar, re.M)
     assert set(keywords) == set(STATEMENTS)
 
 
