@@ -235,6 +235,17 @@ class Dualizer:
             self.blocks.append((spec, [_name(w) for w in block], Jacobian(program, spec.error, block)))
         self.euclidean = all(s == EUCLIDEAN for s in self.specs.values())
 
+    def terms(self) -> list:
+        """The terms the metric needs values for: the factors of kron metrics, the errors of
+        Gauss-Newton ones."""
+        out = []
+        for spec in dict.fromkeys(self.specs.values()):
+            if isinstance(spec, Kron):
+                out += [spec.left, spec.right]
+            elif isinstance(spec, GaussNewton):
+                out.append(spec.error)
+        return out
+
     def describe(self) -> str:
         """The metric, one clause per kind: ``euclidean on b_0, b_1; kron(L, R) on Q_0``."""
         groups: dict = {}

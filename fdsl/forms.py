@@ -243,9 +243,17 @@ def _len(program, x):
     return Fraction(len(T.summands(as_term(x))))
 
 
-@function("coeff(w, W)", "the coefficient G of d(W) in the normal form w = ... + trace(G d(W)) + ...")
+@function("coeff(w, W)", "the coefficient G of d(W) in the normal form w = ... + trace(G d(W)) + ... "
+          "(a 1-form not yet normal, form(E), is first brought there by normal)")
 def _coeff(program, w, weight):
-    return coeff(as_term(w, "w"), _weight_arg(weight))
+    w = as_term(w, "w")
+    try:
+        normal = all(x.op == "sym" and x.data[0].kind == "weight" for x, _ in normal_terms(w))
+    except FdslError:
+        normal = False
+    if w.has_d and not normal:
+        w = program.apply_rules("normal", w)
+    return coeff(w, _weight_arg(weight))
 
 
 @function("weights(w)", "the weights whose differentials appear in w")

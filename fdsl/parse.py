@@ -240,7 +240,7 @@ class ToAst(Transformer_NonRecursive):
         return list(children)
 
 
-_COMMANDS = ("show", "rules", "values", "random", "save", "metric")
+_COMMANDS = ("show", "rules", "values", "random", "save", "metric", "plot")
 
 
 def syntax_error(e: UnexpectedInput, text: str, filename: str, grammar: str = "fdsl.lark") -> FdslError:

@@ -44,7 +44,7 @@ DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway
 # first Program. The core (terms, ops, rewrite, forms) never imports a backend itself.
 FUNCTION_MODULES: list[str] = ["fdsl.statements", "fdsl.forms", "fdsl.backprop", "fdsl.backends.graphviz", "fdsl.backends.numpy_eval",
                                "fdsl.backends.numpy_grad", "fdsl.train",
-                               "fdsl.metrics", "fdsl.flow"]
+                               "fdsl.metrics", "fdsl.flow", "fdsl.watch"]
 _loaded = False
 
 

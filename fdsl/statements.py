@@ -208,14 +208,16 @@ def _random(program, st):
     numpy_eval.random_values(program, as_int(seed, "a seed"))
 
 
-@statement("save", 'save "FILE.npz" EXPR', "write the value of EXPR (an array, or gradients by name) to an .npz file")
+@statement("save", 'save "FILE.npz" EXPR  or  save "FILE.csv" RUN[, RUN...]', "write the value of EXPR (an array, "
+           "or gradients by name) to an .npz file; the logs of training runs (e = train(...)) to a CSV file")
 def _save(program, st):
-    items = st.items
-    if len(items) == 1 and items[0].kind == "mul" and _leftmost(items[0]).kind == "string":
+    items = list(st.items)
+    if items and items[0].kind == "mul" and _leftmost(items[0]).kind == "string":
         # save "g.npz" grad(w) parses as a product of the string and the value: split it
-        items = _split_leading_string(items[0])
+        items = _split_leading_string(items[0]) + items[1:]
+    csv = len(items) > 1 and items[0].kind == "string" and items[0].value.endswith(".csv")
     st = type(st)(st.kind, st.line, st.col, st.name, items=items)
-    path, value = _args(program, st, 2, 2, 'save "FILE.npz" EXPR')
+    path, *values = _args(program, st, 2, len(items) if csv else 2, STATEMENTS["save"].usage)
     from .backends import numpy_eval
 
     path = program.resolve_path(_string_arg(path, "a file name"))
@@ -223,7 +225,13 @@ def _save(program, st):
         target_of(path)  # checked now, so the message points at the statement
     except FdslError as e:
         raise FdslError(e.message, line=st.line, col=st.col) from None
-    program.effects.append(numpy_eval.save_effect(program, path, value))
+    if csv:
+        from .watch import csv_write, runs_of
+
+        if program.options.get("train") is not False:  # under fdsl train the runs were skipped
+            program.effects.append(Write(path, csv_write(runs_of(program, items[1:], values))))
+        return
+    program.effects.append(numpy_eval.save_effect(program, path, values[0]))
 
 
 def _leftmost(node):

@@ -21,6 +21,7 @@ trains the program's own values, so later ``eval``/``save``/``grad`` see the tra
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional
@@ -32,8 +33,9 @@ from . import terms as T
 from .cli import FILE_HELP, subcommand
 from .errors import FdslError
 from .functions import as_int, describe, function
-from .statements import Write, target_of
+from .statements import Write, perform_all, target_of
 from .terms import Term
+from .watch import Log, measure, plot_write, csv_write, require_matplotlib, watch_terms
 
 
 def error_of(w) -> Optional[Term]:
@@ -51,11 +53,13 @@ def error_of(w) -> Optional[Term]:
 
 
 class Trainer:
-    """Gradient descent on the weights of a 1-form, from a program's values."""
+    """Steps along the flow of a 1-form under the program's metric, from the program's values,
+    recording the loss and the watched quantities at every step."""
 
-    def __init__(self, program, w, what: str = "the form"):
+    def __init__(self, program, w, what: str = "the form", watches=()):
         from .backends.numpy_eval import program_evaluator
         from .backends.numpy_grad import coefficients, normal_form, symbol_leaves
+        from .flow import Dualizer
 
         self.program = program
         self.what = what
@@ -64,7 +68,11 @@ class Trainer:
         self.coefficients = coefficients(program, self.normal, what)
         if not self.coefficients:
             raise FdslError("%s involves no weight: there is nothing to train" % what)
+        self.dual = Dualizer(program, list(self.coefficients), what)  # the metric, prepared once
+        self.watches = list(watches)  # [(label, term)]
+        self.scalars = {label for label, t in self.watches if t.scalar}  # recorded as values, not norms
         self.terms = list(self.coefficients.values()) + ([self.error] if self.error is not None else [])
+        self.terms += self.dual.terms() + [t for _, t in self.watches]
         ev = program_evaluator(program)  # draws random values on demand; checks given ones
         self.values: dict = {}
         for name, leaf in symbol_leaves(self.terms).items():
@@ -74,44 +82,66 @@ class Trainer:
             if name not in self.values:  # a weight only its differential mentions
                 self.values[name] = np.array(ev.value(x), dtype=np.float64)
         self.dims, self.origin = ev.dims, ev.origin
-        self.weights = [x.data[0].printed() for x in self.coefficients]
+        self.weights = list(self.dual.weights)
         self.label = "loss" if self.error is not None else "|grad|"
+        columns = ["step", self.label] + [label for label, _ in self.watches]
+        if self.dual.blocks:
+            columns += ["cg_iterations", "cg_residual"]
+        self.log = Log(columns, metric=self.dual.describe())
 
     def measure(self):
-        """(loss, gradients) at the current values, from one evaluator."""
+        """(loss, flows, the record's numbers) at the current values."""
         from .backends.numpy_eval import Evaluator
         from .backends.numpy_grad import gradients
 
         # the generated code, as for grad(w) and fdsl grad: one lowering for every gradient
         grads = gradients(self.program, self.normal, self.values, what=self.what)
+        ev = Evaluator(self.values, self.dims, self.origin)  # loss, metric factors, watches share it
         if self.error is not None:
-            loss = 0.5 * float(np.sum(Evaluator(self.values, self.dims, self.origin).value(self.error) ** 2))
+            loss = 0.5 * float(np.sum(ev.value(self.error) ** 2))
         else:
             loss = math.sqrt(sum(float(np.sum(g ** 2)) for g in grads.values()))
-        return loss, grads
+        flows, solves = self.dual(grads, self.values, ev)
+        record = [loss] + [measure(ev.value(t)) for _, t in self.watches]
+        if self.dual.blocks:
+            record += [sum(s.iterations for s in solves), max(s.residual for s in solves)]
+        return loss, flows, record
 
     def run(self, steps: int, lr: float, every: int, report=None) -> list:
         """Take ``steps`` steps; returns [(step, loss)] every ``every`` steps and at the end;
-        ``report(step, loss)`` is called as they come."""
+        ``report(step, loss)`` is called as they come. Every step is recorded in ``self.log``."""
         curve = []
         for step in range(steps + 1):
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging run is caught just below
-                loss, grads = self.measure()
+                loss, flows, record = self.measure()
             if not math.isfinite(loss):
                 raise FdslError("the %s became %s at step %d: lower the learning rate (it is %g)"
                                 % (self.label, loss, step, lr))
+            self.log.rows.append([step] + record)
             if step % every == 0 or step == steps:
                 curve.append((step, loss))
                 if report is not None:
                     report(step, loss)
             if step == steps:
                 break
-            for name, g in grads.items():
-                self.values[name] = self.values[name] + lr * g
+            for name, v in flows.items():
+                self.values[name] = self.values[name] + lr * v
         return curve
 
     def line(self, step: int, loss: float) -> str:
-        return "step %5d  %s %.6e" % (step, self.label, loss)
+        """A report line: the loss, the watched quantities and the solver's effort at that step."""
+        row = self.log.rows[step] if step < len(self.log.rows) else None
+        out = "step %5d  %s %.6e" % (step, self.label, loss)
+        if row is None:
+            return out
+        for label, x in zip(self.log.columns[2:], row[2:]):
+            if label == "cg_iterations":
+                out += "  cg %d it" % x
+            elif label == "cg_residual":
+                out += " (residual %.1e)" % x
+            else:
+                out += ("  %s %.4e" if label in self.scalars else "  |%s| %.4e") % (label, x)
+        return out
 
 
 def _check_schedule(steps: int, lr: float, every: Optional[int]) -> int:
@@ -126,54 +156,74 @@ def _check_schedule(steps: int, lr: float, every: Optional[int]) -> int:
     return every
 
 
-# ---- the language: train(w, steps, lr, every?) ------------------------------------------------------
+# ---- the language: train(w, steps, lr, every?, "watch", ...) ---------------------------------------
 
 
 class Training:
-    """The loss curve of a training run; ``show`` prints it."""
+    """A training run: its report lines, its summary and its per-step log; ``show`` prints the
+    lines, ``plot "f.png" RUN`` and ``save "f.csv" RUN`` draw and write the log."""
 
-    def __init__(self, lines, summary):
-        self.lines, self.summary = lines, summary
+    def __init__(self, lines, summary, log: Optional[Log] = None):
+        self.lines, self.summary, self.log = lines, summary, log
 
     def show(self) -> str:
         return "\n".join(self.lines + [self.summary])
 
 
-@function("train(w, steps, lr, every?)", "gradient descent on the program's weights along grad(w, W) "
-          "(w = form(E): descent on 1/2 ||E||^2); shows the loss every `every` steps")
-def _train(program, w, steps, lr, every=None):
+def _summary(trainer, curve, steps, lr) -> str:
+    out = "%s %.6g -> %.6g in %d steps (lr %g)" % (trainer.label, curve[0][1], curve[-1][1], steps, lr)
+    if not trainer.dual.euclidean:
+        out += ", metric %s" % trainer.dual.describe()
+    return out
+
+
+@function("train(w, steps, lr, every?, watch...)", "steps along the flow of w under the program's metric "
+          "(Euclidean: gradient descent; w = form(E) descends 1/2 ||E||^2), showing the loss every `every` "
+          "steps; each string argument, e.g. \"coeff(w, K[1])\", is watched (its norm recorded every step)",
+          min_args=3, max_args=None)
+def _train(program, w, steps, lr, *rest):
     if program.options.get("train") is False:
         return Training([], "train(...) skipped: the fdsl command decides the training")
     steps = as_int(steps, "the number of steps")
     if not isinstance(lr, Fraction):
         raise FdslError("the learning rate must be a number, not %s" % describe(lr))
     lr = float(lr)
-    every = _check_schedule(steps, lr, None if every is None else as_int(every, "every"))
-    trainer = Trainer(program, w, "the first argument of train")
+    every = None
+    if rest and not isinstance(rest[0], str):
+        every, rest = as_int(rest[0], "every"), rest[1:]
+    for r in rest:
+        if not isinstance(r, str):
+            raise FdslError("after train(w, steps, lr, every?) come watched expressions in quotes, "
+                            "\"coeff(w, K[1])\", not %s" % describe(r))
+    every = _check_schedule(steps, lr, every)
+    trainer = Trainer(program, w, "the first argument of train", watch_terms(program, rest, "watch"))
     curve = trainer.run(steps, lr, every)
     from .backends.numpy_eval import program_values
 
     store = program_values(program)
     for name in trainer.weights:  # later eval/save/grad see the trained weights
         store[name] = trainer.values[name]
-    first, last = curve[0][1], curve[-1][1]
-    summary = "%s %.6g -> %.6g in %d steps (lr %g)" % (trainer.label, first, last, steps, lr)
-    return Training([trainer.line(s, l) for s, l in curve], summary)
+    return Training([trainer.line(s, l) for s, l in curve], _summary(trainer, curve, steps, lr), trainer.log)
 
 
 # ---- fdsl train FILE --form NAME --steps N --lr LR ... ----------------------------------------------
 
 
 def _cmd_train(args) -> int:
-    if args.out is not None:
-        target_of(args.out)  # a path that cannot be written fails before the work
+    for path in (args.out, args.log, args.plot):
+        if path is not None:
+            target_of(path)  # a path that cannot be written fails before the work
+    if args.plot is not None:
+        require_matplotlib()
     from .backends.numpy_grad import check_given, form_named, load_with_values
 
     every = _check_schedule(args.steps, args.lr, args.every)
     program = load_with_values(args)
     w = form_named(program, args.form)
-    trainer = Trainer(program, w, args.form)
+    trainer = Trainer(program, w, args.form, watch_terms(program, args.watch or ()))
     check_given(program, trainer.terms, args.values)
+    if not trainer.dual.euclidean:
+        print("metric: %s" % trainer.dual.describe())
 
     def report(step, loss):
         print(trainer.line(step, loss), flush=True)
@@ -183,17 +233,24 @@ def _cmd_train(args) -> int:
     except FdslError as e:
         e.file = e.file or args.file
         raise
-    print("%s %.6g -> %.6g in %d steps (lr %g)" % (trainer.label, curve[0][1], curve[-1][1], args.steps, args.lr))
+    print(_summary(trainer, curve, args.steps, args.lr))
+    effects = []
     if args.out:
-        out = Path(args.out)
         values = dict(trainer.values)
 
         def write(tmp: Path):
             with open(tmp, "wb") as f:
                 np.savez(f, **values)
 
-        Write(out, write).perform(None, program)
-        print("wrote %s: %d arrays (the trained weights %s and the constants)" % (out, len(values), ", ".join(trainer.weights)))
+        effects.append(Write(Path(args.out), write, "wrote %s: %d arrays (the trained weights %s and the constants)"
+                             % (args.out, len(values), ", ".join(trainer.weights))))
+    if args.log:
+        effects.append(Write(Path(args.log), csv_write([trainer.log]), "wrote %s: %d steps of %s"
+                             % (args.log, len(trainer.log.rows), ", ".join(trainer.log.columns[1:]))))
+    if args.plot:
+        title = "%s of %s, lr %g" % (args.form, Path(args.file).name, args.lr)
+        effects.append(Write(Path(args.plot), plot_write([trainer.log], title), "wrote %s" % args.plot))
+    perform_all(effects, sys.stdout, program)  # all the files or none
     return 0
 
 
@@ -201,13 +258,19 @@ def _cmd_train(args) -> int:
 def _register(sub):
     from .backends.numpy_grad import add_value_options
 
-    p = sub.add_parser("train", help="gradient descent on the weights of a 1-form with its symbolic gradients")
+    p = sub.add_parser("train", help="follow the flow of a 1-form (under the file's metric; Euclidean: gradient "
+                       "descent) with its symbolic gradients, watching what you ask for")
     p.add_argument("file", help=FILE_HELP)
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form, e.g. a definition w = form(E): "
-                   "each step moves W by lr grad(w, W), which for form(E) descends 1/2 ||E||^2")
+                   "each step moves W by lr flow(w, W), which for form(E) descends 1/2 ||E||^2")
     p.add_argument("--steps", type=int, required=True, metavar="N", help="number of steps")
     p.add_argument("--lr", type=float, required=True, metavar="LR", help="learning rate")
     p.add_argument("--every", type=int, metavar="K", help="print the loss every K steps (default steps/10)")
+    p.add_argument("--watch", action="append", metavar="EXPR", help="record the Frobenius norm (a scalar: "
+                   "its value) of EXPR at every step, e.g. 'coeff(w, K[1])' or a weight (repeatable)")
+    p.add_argument("--log", metavar="FILE.csv", help="write the loss and every watched quantity, per step")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the loss and the watched quantities (needs "
+                   "matplotlib: pip install 'fdsl[plot]')")
     p.add_argument("--out", metavar="FINAL.npz", help="write the trained values (usable as --values)")
     add_value_options(p)
     p.set_defaults(func=_cmd_train)
