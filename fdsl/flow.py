@@ -269,8 +269,9 @@ class Dualizer:
             elif isinstance(spec, Kron):
                 flows[name] = self._kron(spec, name, sharp[name], evaluator)
         for spec, names, jac in self.blocks:
-            flows.update(self._gauss_newton(spec, names, jac, sharp, values))
-            solves.append(self._last_solve)
+            block, solve = self._gauss_newton(spec, names, jac, sharp, values)
+            flows.update(block)
+            solves.append(solve)
         return {n: flows[n] for n in self.weights}, solves
 
     def _size(self, evaluator, name):
@@ -282,7 +283,7 @@ class Dualizer:
         x = np.linalg.solve(left, sharp)  # L^-1 G^t
         return np.linalg.solve(right, x.T).T  # ... R^-1 (R is symmetric)
 
-    def _gauss_newton(self, spec: GaussNewton, names: list, jac: Jacobian, sharp: dict, values) -> dict:
+    def _gauss_newton(self, spec: GaussNewton, names: list, jac: Jacobian, sharp: dict, values) -> tuple:
         shapes = [sharp[n].shape for n in names]
         sizes = [int(np.prod(s)) for s in shapes]
         offsets = np.cumsum([0] + sizes)
@@ -302,13 +303,12 @@ class Dualizer:
         limit = spec.limit(b.size)
         with np.errstate(over="ignore", invalid="ignore"):
             x, iterations, residual, converged = conjugate_gradients(apply, b, spec.tol, limit)
-        self._last_solve = Solve(spec, names, iterations, residual)
         if not converged:
             raise FdslError("%s: conjugate gradients reached a relative residual of %.2g, not the tolerance "
                             "%g, within %d iterations (the limit): raise the limit or the tolerance, "
                             "gaussnewton(E, %g, TOL, ITERATIONS), or the damping lambda"
                             % (spec.describe(), residual, spec.tol, limit, spec.damping))
-        return split(x)
+        return split(x), Solve(spec, names, iterations, residual)
 
 
 def _spd(a: np.ndarray, term: Term, which: str, name: str, size: int) -> np.ndarray:
