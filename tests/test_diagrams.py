@@ -448,9 +448,9 @@ def test_cli_diagram(tmp_path):
     assert done.returncode == 0, done.stderr
     written = out if HAVE_DOT else out.with_suffix(".dot")
     assert written.exists()
-    assert done.stdout.strip() == "wrote %s (41 nodes)" % written
+    assert done.stdout.strip() == "wrote %s (42 nodes)" % written  # the body and E := ... itself
     if HAVE_DOT:
-        assert svg_nodes(out.read_text()) == 41
+        assert svg_nodes(out.read_text()) == 42
 
 
 def test_cli_diagram_of_any_expression(tmp_path):
