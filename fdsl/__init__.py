@@ -13,12 +13,15 @@ in closed form, as a word one can read, query, draw and evaluate.
 Modules, in pipeline order: ``parse`` (grammar/*.lark), ``program`` (elaboration and shapes),
 ``terms`` (hash-consed terms), ``ops`` (the operator table), ``rules``/``rewrite`` (rule files
 and the engine), ``forms`` (the manual's verbs), ``printers``, ``backends`` (numpy, graphviz),
-``cli`` and ``repl``.
+``cli`` and ``repl``; ``api`` is the Python side (operators on terms, ``d``, ``trace``, ``form``,
+``diagram``).
 """
 
+from .api import a, aa, d, deps, diagram, form, m, mm, trace
 from .errors import FdslError
 from .program import Program, load, parse
 from .terms import Term
 
-__all__ = ["FdslError", "Program", "Term", "load", "parse"]
+__all__ = ["FdslError", "Program", "Term", "load", "parse", "d", "trace", "form", "m", "a", "mm", "aa",
+           "diagram", "deps"]
 __version__ = "0.1.0"

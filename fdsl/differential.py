@@ -8,8 +8,8 @@ case        program text (parsed by the real front end) that defines a scalar lo
             ``L = trace(E^t E) / 2`` have sign -1, ``w = trace(E^t d(E))`` or ``w = d(L)`` sign +1.
             The gradients of w must then be ``sign dL/dW`` for every weight W.
 method      one way of turning the case into gradient numbers, named in reports:
-            ``eval[F]``    the numpy evaluation (``fdsl.backends.numpy_eval``) of the coefficients
-                           ``coeff(F, W)^t`` of the normal form F of w,
+            ``eval[F]``    the numpy evaluation (``fdsl.backends.numpy_eval``) of the gradient terms
+                           ``G_W^t`` of the normal form F of w (``codegen.gradient_terms``),
             ``code[F]``    the generated code (``fdsl.backends.codegen``) of the normal form F,
             ``grad(w)``    what a user gets: ``grad(w)`` in the program (the path of ``fdsl grad``,
                            the repl and ``train``),
@@ -40,7 +40,7 @@ from .backends import codegen, torch_eval
 from .backends.numpy_eval import Evaluator, NotDifferentiable, program_values
 from .backends.numpy_grad import gradients, symbol_leaves
 from .errors import FdslError
-from .forms import coeff, weights
+from .forms import weights
 from .program import parse
 
 #: the normal forms every case is lowered from: name -> strategies applied in turn
@@ -139,10 +139,10 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
         use_torch = torch_eval.available()
     if use_torch:
         tg = torch_eval.TorchEvaluator(values, dims, names).gradients(L, names)
-        got["torch"] = {n: sign * g for n, g in tg.items()}
+        got["torch"] = {n: float(sign) * g for n, g in tg.items()}
     for name, nf in nfs.items():
         ev = Evaluator(values, dims)
-        got["eval[%s]" % name] = full({W.data[0].printed(): ev.value(coeff(nf, W)).T for W in weights(nf)})
+        got["eval[%s]" % name] = full({W: ev.value(g) for W, g in codegen.gradient_terms(nf).items()})
         got["code[%s]" % name] = full(codegen.compile_gradients(nf, dims)(values) if weights(nf) else {})
     store = program_values(program)
     store.update(values)
@@ -170,7 +170,7 @@ def _finite_differences(report, L, values, dims, names, ref, sign, seed, fd_tol)
         except NotDifferentiable:
             report.skipped.append(("finite differences on %s" % n, "the stencil crosses a kink of relu"))
             continue
-        exact = float(np.sum(ref[n] * v)) * sign
+        exact = float(np.sum(ref[n] * v)) / float(sign)  # ref is sign dL/dW
         report.checked_fd += 1
         err = abs(fd - exact) / (np.linalg.norm(v) * report.scale)
         if not err <= fd_tol:

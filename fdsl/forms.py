@@ -148,13 +148,17 @@ def weights(w: Term) -> list:
 
 
 class Dependence:
-    """The answer to "does G involve V?": true or false, and a path through which it does."""
+    """The answer to "does G involve V?": true or false, and a path through which it does:
+    ``path`` its printed stops, ``nodes`` the terms from G down to V (for pictures of it)."""
 
-    def __init__(self, holds: bool, path: list):
-        self.holds, self.path = holds, path
+    def __init__(self, holds: bool, path: list, nodes: list = ()):
+        self.holds, self.path, self.nodes = holds, path, list(nodes)
 
     def __bool__(self):
         return self.holds
+
+    def __repr__(self):
+        return self.show()
 
     def show(self) -> str:
         if not self.holds:
@@ -170,7 +174,8 @@ def depends(g: Term, v: Term) -> Dependence:
     while queue:  # breadth first: the first path found is a shortest one
         t = queue.popleft()
         if t is v:
-            return Dependence(True, _path(parent, t))
+            chain = _chain(parent, t)
+            return Dependence(True, path_labels(chain), chain)
         for c in t.args:
             if c not in parent:
                 parent[c] = t
@@ -178,12 +183,17 @@ def depends(g: Term, v: Term) -> Dependence:
     return Dependence(False, [])
 
 
-def _path(parent, t):
+def _chain(parent, t) -> list:
     chain = []
     while t is not None:
         chain.append(t)
         t = parent[t]
     chain.reverse()
+    return chain
+
+
+def path_labels(chain) -> list:
+    """The printed stops of a chain of terms: named intermediates, symbols, and operators."""
     labels = []
     for node in chain[1:]:
         if node.op in ("let", "sym"):

@@ -50,6 +50,7 @@ class Stmt:
     body: Optional[Node] = None
     items: list = field(default_factory=list)  # declarations' items; a command's argument Nodes
     end_line: int = 0
+    end_col: int = 0  # definitions: where the statement's text ends (Program's display quotes it)
 
 
 # Friendly names for the grammar's terminals, used in "expected ..." messages.
@@ -189,7 +190,7 @@ class ToAst(Transformer_NonRecursive):
     def _define(self, meta, head, body, named, fn):
         if not fn:
             return Stmt("define", meta.line, meta.column, name=str(head), body=body, named=named,
-                        end_line=meta.end_line)
+                        end_line=meta.end_line, end_col=meta.end_column)
         params = []
         for p in head.args:
             if p.kind == "name":
@@ -200,7 +201,7 @@ class ToAst(Transformer_NonRecursive):
                 raise FdslError("a parameter is a name or a whole number (a base case), not an expression",
                                 line=p.line, col=p.col)
         return Stmt("define", meta.line, meta.column, name=head.value, params=tuple(params), body=body,
-                    named=named, end_line=meta.end_line)
+                    named=named, end_line=meta.end_line, end_col=meta.end_column)
 
     def define(self, meta, c):
         return self._define(meta, c[0], c[1], False, False)

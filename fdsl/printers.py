@@ -263,8 +263,11 @@ def string(t: Term) -> str:
 
 
 def latex(t: Term) -> str:
-    """LaTeX math (without the surrounding dollars)."""
-    return _PRINTERS["latex"](t)
+    """LaTeX math (without the surrounding dollars); a long form as an ``aligned`` environment
+    (see ``fdsl.layout``)."""
+    from .layout import latex_rows
+
+    return latex_rows(t, _PRINTERS["latex"], text) or _PRINTERS["latex"](t)
 
 
 def html(t: Term) -> str:
@@ -281,10 +284,21 @@ def bindings(t: Term) -> list:
 def text_with_bindings(t: Term, known=()) -> str:
     """``text(t)``, then ``where`` and one ``name := body`` line per binding t refers to (those in
     ``known`` excepted): a shared normal form reads as a few layers, not as its expansion."""
+    from .layout import text_lines
+
     lets = [n for n in bindings(t) if n not in known]
-    head = text(t)
+    head = "\n".join(text_lines(t, text))
     if t.op == "let" and t not in known:
-        head = "%s := %s" % (head, text(t.args[0]))
+        head = _binding(t, "")
     if not lets:
         return head
-    return "\n".join([head, "where"] + ["  %s := %s" % (text(n), text(n.args[0])) for n in lets])
+    return "\n".join([head, "where"] + [_binding(n, "  ") for n in lets])
+
+
+def _binding(n: Term, indent: str) -> str:
+    """``N := body``, a long body broken at its sums under its first line."""
+    from .layout import broken
+
+    lead = "%s%s := " % (indent, text(n))
+    body = broken(n.args[0], text)
+    return "\n".join([lead + body[0]] + [" " * len(lead) + line for line in body[1:]])

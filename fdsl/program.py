@@ -88,6 +88,7 @@ class Program:
         self.definitions: dict[str, object] = {}  # name = expr: its value
         self.clauses: dict[str, list[Clause]] = {}  # name(params) = expr
         self.declared_at: dict[str, str] = {}
+        self.sources: dict[str, list[str]] = {}  # definition name -> its clauses as written
         self.effects: list = []
         self.options = {"trace": False, "step_limit": None}
         self.trace_out = sys.stderr
@@ -187,6 +188,7 @@ class Program:
         if st.name in self.symbols or st.name in self.dims or st.name in self.families:
             raise FdslError("%s is already declared (%s); a definition needs a name of its own"
                             % (st.name, self.declared_at[st.name]), self._src[0], st.line, st.col, self._src[1])
+        self._record_source(st)
         if st.params is None:
             value = self.evaluate(st.body, {})
             if st.named:
@@ -198,6 +200,44 @@ class Program:
             clauses.append(Clause(st.name, st.params, st.body, st.named, self._src, st.line))
             self.definitions.pop(st.name, None)
         self._memo.clear()  # a redefinition changes what earlier calls would give
+
+    def _record_source(self, st: Stmt):
+        """Keep a definition's text as written, for the program's display (clauses accumulate;
+        a new value definition replaces the old one and moves to the end)."""
+        lines = self._src[1].splitlines()[st.line - 1:st.end_line]
+        if not lines or not st.end_col:
+            return
+        lines[-1] = lines[-1][:st.end_col - 1]
+        lines[0] = lines[0][st.col - 1:]
+        written = "\n".join(line.rstrip() for line in lines)
+        clauses = self.sources.pop(st.name, []) if st.params is not None else []
+        self.sources[st.name] = clauses + [written]
+
+    def describe(self) -> str:
+        """The program's declarations and definitions, as text (``print(program)``)."""
+        from .listing import describe
+
+        return describe(self)
+
+    __str__ = describe
+
+    def _repr_html_(self):
+        from .listing import describe_html
+
+        return describe_html(self)
+
+    def diagram(self, expr: str, **options):
+        """The picture of an expression of this program (inline in a notebook; see ``fdsl.diagram``)."""
+        from .api import diagram
+
+        return diagram(self.expr(expr), title=options.pop("title", expr), **options)
+
+    def deps(self, form: str, weight: str, coeff: str):
+        """The picture of "does the coefficient of d(coeff) in the form involve weight?"."""
+        from .api import deps
+        from .backends.depsview import normal_form
+
+        return deps(normal_form(self, self.expr(form)), self.expr(weight), self.expr(coeff))
 
     # ---- evaluation ---------------------------------------------------------------------------
 

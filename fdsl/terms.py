@@ -54,9 +54,10 @@ class Term:
         return "Term(%s)" % string(self)
 
     def __str__(self):
-        from .printers import text
+        # what show prints: laid out on lines (a normal form one weight per line), with bindings
+        from .printers import text_with_bindings
 
-        return text(self)
+        return text_with_bindings(self)
 
     def _repr_latex_(self):
         from .printers import latex
@@ -70,6 +71,60 @@ class Term:
 
     def __reduce__(self):
         raise TypeError("terms are interned; serialise them with fdsl.printers.string")
+
+    # ---- Python operators: the language's, with its shape checks and messages -------------------
+    # A + B, A - B, -A, A @ B (the product the language writes A B), A * B (Hadamard, as in the
+    # language; a number or scalar scales), A / s, s ** e, A.T. Python numbers are exact scalars.
+
+    def __add__(self, other):
+        return _binary(add, self, other, zero_like=True)
+
+    def __radd__(self, other):
+        return _binary(add, other, self, zero_like=True)
+
+    def __sub__(self, other):
+        return _binary(sub, self, other, zero_like=True)
+
+    def __rsub__(self, other):
+        return _binary(sub, other, self, zero_like=True)
+
+    def __neg__(self):
+        return neg(self)
+
+    def __matmul__(self, other):
+        return _binary(mul, self, other)
+
+    def __rmatmul__(self, other):
+        return _binary(mul, other, self)
+
+    def __mul__(self, other):
+        return _binary(hadamard, self, other)
+
+    def __rmul__(self, other):
+        return _binary(hadamard, other, self)
+
+    def __truediv__(self, other):
+        return _binary(_divide, self, other)
+
+    def __rtruediv__(self, other):
+        return _binary(_divide, other, self)
+
+    def __pow__(self, exponent):
+        e = _number(exponent)
+        if e is None:
+            return NotImplemented
+        return _checked(power, self, e.data)
+
+    @property
+    def T(self) -> "Term":
+        """The transpose, ``A^t``."""
+        return transpose(self)
+
+    def diagram(self, **options):
+        """The picture of this term (``fdsl.diagram``): shown inline in a notebook."""
+        from .api import diagram
+
+        return diagram(self, **options)
 
 
 @dataclass(frozen=True)
@@ -348,3 +403,50 @@ def tree_size(t: Term) -> int:
 def symbols(t: Term) -> list:
     """The distinct symbol leaves under ``t``, in first-seen order."""
     return [n for n in postorder(t) if n.op == "sym"]
+
+
+# ---- Python operands ---------------------------------------------------------------------------
+
+
+def _number(x) -> Optional[Term]:
+    """A Python number as an exact scalar term (a float by its shortest decimal), else None."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, Fraction)):
+        return num(x)
+    if isinstance(x, float):
+        if x != x or x in (float("inf"), float("-inf")):
+            from .errors import FdslError
+
+            raise FdslError("%r is not a number fdsl can use: scalars are exact rationals" % x)
+        return num(Fraction(repr(x)))
+    return None
+
+
+def _binary(build, a, b, zero_like=False):
+    a = a if isinstance(a, Term) else _number(a)
+    b = b if isinstance(b, Term) else _number(b)
+    if a is None or b is None:
+        return NotImplemented
+    if zero_like:  # the number 0 is the zero of every shape, as in the language: A + 0 is A
+        a = zero(b.shape) if is_zero(a) and a.op == "num" and not b.scalar else a
+        b = zero(a.shape) if is_zero(b) and b.op == "num" and not a.scalar else b
+    return _checked(build, a, b)
+
+
+def _divide(a: Term, b: Term) -> Term:
+    if not b.scalar:
+        raise ShapeError("only scalars divide: {0} is %s" % ("(%s x %s)" % b.shape), b)
+    if is_zero(b):
+        raise ShapeError("division by zero")
+    return mul(a, power(b, -1))
+
+
+def _checked(build, *args) -> Term:
+    """Build a term; a shape mismatch is an FdslError with the language's message."""
+    try:
+        return build(*args)
+    except ShapeError as e:
+        from .errors import FdslError
+
+        raise FdslError(str(e)) from None

@@ -20,7 +20,9 @@ import pytest
 
 import fdsl
 from fdsl import terms as T
+from fdsl.backends import depsview as dv
 from fdsl.backends import graphviz as gv
+from fdsl.backends import termgraph as tg
 from fdsl.errors import FdslError
 from fdsl.terms import dag_size, postorder
 
@@ -59,6 +61,15 @@ def svg_nodes(svg: str) -> int:
     return len(re.findall(r'class="node"', svg))
 
 
+DOT_ID = r'("(?:[^"\\]|\\.)*"|[^\s\[;"]+)'
+
+
+def dot_edges(text):
+    """The (tail, head) pairs of DOT text, quotes taken off the ids."""
+    pairs = re.findall(r"^\s*%s -> %s" % (DOT_ID, DOT_ID), text, re.M)
+    return [tuple(x.strip('"') for x in pair) for pair in pairs]
+
+
 def run_cli(*args, env=None, cwd=None):
     """``fdsl ARGS`` in a fresh interpreter, as a person runs it."""
     return subprocess.run([sys.executable, "-m", "fdsl.cli", *map(str, args)], capture_output=True, text=True,
@@ -76,7 +87,7 @@ def env_without_dot(tmp_path):
 
 def test_one_node_per_distinct_subterm(encoder):
     E = encoder["E"]
-    graph = gv.term_graph(E)
+    graph = tg.term_graph(E)
     assert isinstance(graph, nx.DiGraph)
     assert graph.number_of_nodes() == dag_size(E)
     assert {data["term"] for _, data in graph.nodes(data=True)} == set(postorder(E))
@@ -88,7 +99,7 @@ def test_one_node_per_distinct_subterm(encoder):
 
 def test_encoder2_layers_share_their_input(encoder):
     E = encoder["E"]
-    graph = gv.term_graph(E)
+    graph = tg.term_graph(E)
     x1 = encoder.call_definition("encoder", 1)  # layer 1's input: used four times in layer 1
     assert graph.in_degree(node_of(graph, x1)) > 1
     X = encoder.symbols["X"]
@@ -101,13 +112,13 @@ def test_encoder2_layers_share_their_input(encoder):
 
 
 def test_labels_of_operators_symbols_and_numbers(encoder):
-    graph = gv.term_graph(encoder["E"])
+    graph = tg.term_graph(encoder["E"])
     labels = {data["label"] for _, data in graph.nodes(data=True)}
     assert {"Q_0", "K_1", "W_1", "X", "C", "s", "-1", "+", "×", "^t", "m", "a"} <= labels
 
 
 def test_product_edges_carry_factor_positions(encoder):
-    graph = gv.term_graph(encoder["E"])
+    graph = tg.term_graph(encoder["E"])
     for v, data in graph.nodes(data=True):
         positions = sorted(p for _, _, e in graph.out_edges(v, data=True) for p in e["positions"])
         if data["op"] == "mul":
@@ -121,7 +132,7 @@ def test_product_edges_carry_factor_positions(encoder):
 
 def test_a_repeated_factor_is_one_edge_with_both_positions(encoder):
     t = encoder.expr("X^t X X^t")
-    graph = gv.term_graph(t)
+    graph = tg.term_graph(t)
     xt = node_of(graph, encoder.expr("X^t"))
     edge = graph.edges[node_of(graph, t), xt]
     assert edge["positions"] == [1, 3]
@@ -129,43 +140,75 @@ def test_a_repeated_factor_is_one_edge_with_both_positions(encoder):
 
 
 def test_weights_coloured_by_layer_constants_grey(encoder):
-    graph = gv.term_graph(encoder.expr("Y - encoder(2)"))  # the body of E := ...: no let drawn
+    graph = tg.term_graph(encoder.expr("Y - encoder(2)"))  # the body of E := ...: no let drawn
     fill = {data["label"]: data["dot"].get("fillcolor") for _, data in graph.nodes(data=True) if data["op"] == "sym"}
-    assert fill["Q_0"] == fill["K_0"] == fill["b_0"] == gv.PALETTE[0]
-    assert fill["Q_1"] == fill["W_1"] == gv.PALETTE[1]
-    assert fill["X"] == fill["Y"] == fill["C"] == gv.CONST_GREY
+    assert fill["Q_0"] == fill["K_0"] == fill["b_0"] == tg.PALETTE[0]
+    assert fill["Q_1"] == fill["W_1"] == tg.PALETTE[1]
+    assert fill["X"] == fill["Y"] == fill["C"] == tg.CONST_GREY
     assert fill["s"] is None
     swatches = {colour for _, colour in graph.graph["legend"] if colour}
-    assert {gv.PALETTE[0], gv.PALETTE[1], gv.CONST_GREY} == swatches
+    assert {tg.PALETTE[0], tg.PALETTE[1], tg.CONST_GREY} == swatches
 
 
 def test_palette_cycles_by_layer_index():
-    q = T.Symbol("Q", (len(gv.PALETTE) + 2,), "weight")
-    assert gv.layer_colour(q) == gv.PALETTE[2]
-    assert gv.layer_colour(T.Symbol("U", (), "weight")) == gv.NO_LAYER
+    q = T.Symbol("Q", (len(tg.PALETTE) + 2,), "weight")
+    assert tg.layer_colour(q) == tg.PALETTE[2]
+    assert tg.layer_colour(T.Symbol("U", (), "weight")) == tg.NO_LAYER
 
 
 def test_differentials_stand_out(normal):
-    graph = gv.term_graph(normal["w"])
+    graph = tg.term_graph(normal["w"])
     ds = [data for _, data in graph.nodes(data=True) if data["op"] == "d"]
     assert len(ds) == 2  # d(W_0) and d(W_1), each drawn once though used twice
     for data in ds:
         assert data["dot"]["peripheries"] == "2"
-        assert data["dot"]["fillcolor"] == gv.PALETTE[data["term"].args[0].data[0].index[0]]
+        assert data["dot"]["fillcolor"] == tg.PALETTE[data["term"].args[0].data[0].index[0]]
 
 
 def test_let_is_a_node_with_an_edge_to_its_body_or_a_leaf(normal):
     w = normal["w"]
     G = normal["G"]
-    graph = gv.term_graph(w)
+    graph = tg.term_graph(w)
     g = node_of(graph, G)
     assert graph.nodes[g]["label"] == "G :="
     assert [graph.nodes[c]["term"] for c in graph.successors(g)] == [G.args[0]]
-    collapsed = gv.term_graph(w, collapse_lets=True)
-    g = node_of(collapsed, G)
-    assert collapsed.nodes[g]["label"] == "G"
-    assert list(collapsed.successors(g)) == []
-    assert collapsed.number_of_nodes() == dag_size(w) - 1  # the body's product is only under G
+    boxed = tg.term_graph(w, expand=())
+    g = node_of(boxed, G)
+    assert boxed.nodes[g]["label"] == "G" and boxed.nodes[g]["boxed"]
+    assert list(boxed.successors(g)) == []
+    assert boxed.number_of_nodes() == dag_size(w) - 1  # the body's product is only under G
+    assert "double box: a named intermediate, its definition not drawn (G)" in legend_text(boxed)
+    assert tg.term_graph(w, expand={"G"}).number_of_nodes() == dag_size(w)
+
+
+def legend_text(graph):
+    return " / ".join(text for text, _ in graph.graph["legend"])
+
+
+@pytest.fixture(scope="module")
+def deep():
+    return fdsl.load(ROOT / "examples" / "deep.fd")
+
+
+def test_a_deep_coefficient_draws_its_intermediates_as_boxes(deep):
+    g = deep.expr("coeff(w, K[5])")
+    graph = tg.term_graph(g)  # "auto": the whole graph is hundreds of nodes, so names are boxes
+    boxes = sorted(d["label"] for _, d in graph.nodes(data=True) if d["op"] == "let")
+    assert boxes == ["G_6", "X_5"]
+    assert graph.number_of_nodes() < 40 < dag_size(g)
+    # every symbol of layer 5 that the coefficient uses directly is drawn; nothing of layer 4
+    labels = {d["label"] for _, d in graph.nodes(data=True)}
+    assert {"Q_5", "K_5", "V_5", "W_5", "b_5", "s", "C"} <= labels and "Q_4" not in labels
+    # expanding X_5 draws its definition, in which X_4 is a box
+    wider = tg.term_graph(g, expand={"X_5"})
+    labels = {d["label"] for _, d in wider.nodes(data=True)}
+    assert {"X_5 :=", "X_4", "Q_4", "G_6"} <= labels and "X_4 :=" not in labels
+    # a name that is not in the picture (X_4 is only visible once X_5 is expanded) is an error
+    with pytest.raises(FdslError, match="no named intermediate X_4 in this picture; it shows G_6, X_5"):
+        tg.term_graph(g, expand={"X_4"})
+    assert "X_4 :=" in {d["label"] for _, d in tg.term_graph(g, expand={"X_5", "X_4"}).nodes(data=True)}
+    everything = tg.term_graph(g, expand="all")
+    assert everything.number_of_nodes() == dag_size(g)
 
 
 def test_deep_terms_do_not_recurse():
@@ -173,30 +216,30 @@ def test_deep_terms_do_not_recurse():
     t = x
     for _ in range(5000):
         t = T.make("m", [t])
-    graph = gv.term_graph(t)
+    graph = tg.term_graph(t)
     assert graph.number_of_nodes() == 5001
     assert to_dot_ok(gv.to_dot(graph))
 
 
 def to_dot_ok(text):
-    return text.startswith('digraph "fdsl" {') and text.rstrip().endswith("}")
+    return text.startswith("digraph fdsl {") and text.rstrip().endswith("}")
 
 
 def test_too_many_nodes_is_an_error_not_a_hang(encoder):
-    with pytest.raises(FdslError, match="more than 10 distinct subterms"):
-        gv.term_graph(encoder["E"], max_nodes=10)
+    with pytest.raises(FdslError, match="more than 10 boxes.*--max-nodes"):
+        tg.term_graph(encoder["E"], max_nodes=10)
 
 
 def test_only_matrix_expressions_are_drawn(encoder):
     with pytest.raises(FdslError, match="matrix expression"):
-        gv.term_graph("E")
+        tg.term_graph("E")
     with pytest.raises(FdslError, match="empty"):
-        gv.term_graph([])
+        tg.term_graph([])
 
 
 def test_a_list_is_drawn_as_one_graph_with_shared_nodes(encoder):
     e1, e2 = encoder.call_definition("encoder", 1), encoder.call_definition("encoder", 2)
-    graph = gv.term_graph([e1, e2])
+    graph = tg.term_graph([e1, e2])
     assert graph.number_of_nodes() == dag_size(e2)  # e1 is inside e2: nothing drawn twice
     assert len(graph.graph["roots"]) == 2
 
@@ -206,20 +249,20 @@ def test_a_list_is_drawn_as_one_graph_with_shared_nodes(encoder):
 
 def test_normal_form_summands_are_found_by_shape(normal):
     w = normal["w"]
-    clusters = gv.weight_clusters(w)
+    clusters = tg.weight_clusters(w)
     assert [s.data[0].printed() for s in clusters] == ["W_0", "W_1"]
     assert [len(v) for v in clusters.values()] == [2, 2]
     E = fdsl.load(ENCODER2)["E"]
-    assert gv.weight_clusters(E) == {}
+    assert tg.weight_clusters(E) == {}
     # a differential inside the coefficient, or two differentials: not a normal-form summand
-    assert gv.differentiated_weight(normal.expr("trace(d(W[1])^t X^t X d(W[0]))")) is None
-    assert gv.differentiated_weight(normal.expr("trace(d(X^t X) W[0] W[0]^t)")) is None
-    assert gv.differentiated_weight(normal.expr("trace(V[0]^t d(W[0]))")) is normal.expr("W[0]")
+    assert tg.differentiated_weight(normal.expr("trace(d(W[1])^t X^t X d(W[0]))")) is None
+    assert tg.differentiated_weight(normal.expr("trace(d(X^t X) W[0] W[0]^t)")) is None
+    assert tg.differentiated_weight(normal.expr("trace(V[0]^t d(W[0]))")) is normal.expr("W[0]")
 
 
 def test_one_cluster_per_weight(normal):
     w = normal["w"]
-    graph = gv.term_graph(w)
+    graph = tg.term_graph(w)
     labels = {cid: spec["label"] for cid, spec in graph.graph["clusters"].items()}
     assert sorted(labels.values()) == ["dW_0", "dW_1"]
     by_label = {v: k for k, v in labels.items()}
@@ -231,27 +274,27 @@ def test_one_cluster_per_weight(normal):
     assert member["-2"] == by_label["dW_1"]
     assert member["X"] is None and member["W_0"] is None and member["+"] is None
     for summand in w.args:
-        weight = gv.differentiated_weight(summand)
+        weight = tg.differentiated_weight(summand)
         assert graph.nodes[node_of(graph, summand)]["cluster"] == by_label["d" + weight.data[0].printed()]
     dot = gv.to_dot(graph)
     assert dot.count("subgraph ") == 2
-    assert 'label="dW_0"' in dot and 'label="dW_1"' in dot
+    assert "label=dW_0" in dot and "label=dW_1" in dot
 
 
 def test_a_single_normal_summand_is_one_cluster(normal):
     t = normal.expr("trace(V[0]^t d(W[0]))")
-    graph = gv.term_graph(t)
+    graph = tg.term_graph(t)
     (cid,) = graph.graph["clusters"]
     assert graph.nodes[node_of(graph, t)]["cluster"] == cid
 
 
 def test_split_leaves_draws_symbols_at_each_use(normal):
     w = normal["w"]
-    graph = gv.term_graph(w)
+    graph = tg.term_graph(w)
     before = (graph.number_of_nodes(), graph.number_of_edges())
     text = gv.to_dot(graph, split_leaves=True)
     assert (graph.number_of_nodes(), graph.number_of_edges()) == before  # the model is unchanged
-    heads = re.findall(r'-> "([^"]+)"', text)
+    heads = [head for _, head in dot_edges(text)]
     leafy = {v for v, data in graph.nodes(data=True) if data["leafy"]}
     for head in set(heads):
         if head.split("@")[0] in leafy:
@@ -267,12 +310,6 @@ def test_split_leaves_draws_symbols_at_each_use(normal):
 # ---- DOT -----------------------------------------------------------------------------------------
 
 
-def test_quoting_escapes_quotes_backslashes_and_newlines():
-    assert gv.quote('a "b" \\ c\nd') == r'"a \"b\" \\ c\nd"'
-    assert gv.quote("node") == '"node"'  # keywords are quoted like everything else
-    assert gv.quote(gv.Html("<B>x</B>")) == "<<B>x</B>>"
-
-
 def odd_graph():
     graph = nx.DiGraph()
     graph.add_node("graph", label='say "hi" \\ to <me> & you', dot={"shape": "box"})
@@ -283,10 +320,12 @@ def odd_graph():
 
 
 def test_dot_text_of_a_graph_with_awkward_names():
+    # the graphviz package quotes; labels are passed as plain text (a backslash is a backslash,
+    # <...> is not an HTML label), newlines become dot's \n
     text = gv.to_dot(odd_graph())
-    assert '"graph" [label="say \\"hi\\" \\\\ to <me> & you", shape="box"];' in text
-    assert '"a -> b" [label="two\\nlines"];' in text
-    assert '"graph" -> "a -> b" [label="1"];' in text
+    assert '"graph" [label="say \\"hi\\" \\\\ to <me> & you" shape=box]' in text
+    assert '"a -> b" [label="two\\nlines"]' in text
+    assert '"graph" -> "a -> b" [label=1]' in text
     assert "a &lt;legend&gt; &amp; &quot;quotes&quot;" in text
 
 
@@ -305,7 +344,7 @@ def test_awkward_dot_parses_and_renders(tmp_path):
 @needs_dot
 def test_svg_of_encoder2_has_one_node_per_subterm(encoder, tmp_path):
     E = encoder["E"]
-    out = gv.render(gv.to_dot(gv.term_graph(E)), tmp_path / "e.svg")
+    out = gv.render(gv.to_dot(tg.term_graph(E)), tmp_path / "e.svg")
     assert out.path == tmp_path / "e.svg" and not out.fallback
     svg = out.path.read_text()
     assert svg_nodes(svg) == dag_size(E)
@@ -318,7 +357,7 @@ def test_svg_of_encoder2_has_one_node_per_subterm(encoder, tmp_path):
 @needs_dot
 def test_svg_of_a_normal_form_has_its_clusters(normal, tmp_path):
     w = normal["w"]
-    out = gv.render(gv.to_dot(gv.term_graph(w)), tmp_path / "w.svg")
+    out = gv.render(gv.to_dot(tg.term_graph(w)), tmp_path / "w.svg")
     svg = out.path.read_text()
     assert svg_nodes(svg) == dag_size(w)
     assert len(re.findall(r'class="cluster"', svg)) == 2
@@ -327,8 +366,8 @@ def test_svg_of_a_normal_form_has_its_clusters(normal, tmp_path):
 
 @needs_dot
 def test_svg_with_split_leaves(normal, tmp_path):
-    text = gv.to_dot(gv.term_graph(normal["w"]), split_leaves=True)
-    drawn = set(re.findall(r'^\s*"([^"]+)" \[label=', text, re.M))
+    text = gv.to_dot(tg.term_graph(normal["w"]), split_leaves=True)
+    drawn = set(re.findall(r'^\s*%s \[label=' % DOT_ID, text, re.M))
     out = gv.render(text, tmp_path / "w.svg")
     assert svg_nodes(out.path.read_text()) == len(drawn) > dag_size(normal["w"])
 
@@ -336,20 +375,20 @@ def test_svg_with_split_leaves(normal, tmp_path):
 @needs_dot
 @pytest.mark.parametrize("ext, magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF")])
 def test_png_and_pdf(encoder, tmp_path, ext, magic):
-    out = gv.render(gv.to_dot(gv.term_graph(encoder["E"])), tmp_path / ("e" + ext))
+    out = gv.render(gv.to_dot(tg.term_graph(encoder["E"])), tmp_path / ("e" + ext))
     assert out.path.read_bytes().startswith(magic)
 
 
 def test_dot_output_needs_no_graphviz(encoder, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    out = gv.render(gv.to_dot(gv.term_graph(encoder["E"])), tmp_path / "e.dot")
+    out = gv.render(gv.to_dot(tg.term_graph(encoder["E"])), tmp_path / "e.dot")
     assert out.path == tmp_path / "e.dot" and not out.fallback
-    assert out.path.read_text().startswith('digraph "fdsl"')
+    assert out.path.read_text().startswith("digraph fdsl {")
 
 
 def test_without_dot_the_dot_file_is_written_beside(encoder, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    out = gv.render(gv.to_dot(gv.term_graph(encoder["E"])), tmp_path / "sub" / "e.svg")
+    out = gv.render(gv.to_dot(tg.term_graph(encoder["E"])), tmp_path / "sub" / "e.svg")
     assert out.fallback and out.path == tmp_path / "sub" / "e.dot"
     assert out.path.exists() and not (tmp_path / "sub" / "e.svg").exists()
     note = gv.note("sub/e.svg", 41, True)
@@ -418,21 +457,21 @@ def test_diagram_command_for_the_repl(normal, tmp_path, monkeypatch):
 
 def test_deps_graph_weights_left_coefficients_right(encoder):
     q0, k0, w1, f1 = (encoder.expr(n) for n in ("Q[0]", "K[0]", "W[1]", "f[1]"))
-    graph = gv.deps_graph({q0: {q0, k0, f1}, k0: {q0}, w1: set()})
+    graph = dv.deps_graph({q0: {q0, k0, f1}, k0: {q0}, w1: set()})
     weights = [v for v, data in graph.nodes(data=True) if data["cluster"] == "cluster_weights"]
     coeffs = [v for v, data in graph.nodes(data=True) if data["cluster"] == "cluster_coefficients"]
     assert sorted(graph.nodes[v]["label"] for v in weights) == ["K_0", "Q_0", "W_1", "f_1"]
     assert sorted(graph.nodes[v]["label"] for v in coeffs) == ["coeff of dK_0", "coeff of dQ_0", "coeff of dW_1"]
-    assert sorted(graph.edges) == sorted([("w:Q_0", "c:Q_0"), ("w:K_0", "c:Q_0"), ("w:f_1", "c:Q_0"),
-                                          ("w:Q_0", "c:K_0")])
-    assert graph.nodes["w:f_1"]["dot"]["fillcolor"] == gv.PALETTE[1]
+    assert sorted(graph.edges) == sorted([("w_Q_0", "c_Q_0"), ("w_K_0", "c_Q_0"), ("w_f_1", "c_Q_0"),
+                                          ("w_Q_0", "c_K_0")])
+    assert graph.nodes["w_f_1"]["dot"]["fillcolor"] == tg.PALETTE[1]
     assert "4 weights, 3 coefficients, 4 edges" in graph.graph["legend"][0][0]
 
 
 @needs_dot
 def test_deps_svg(encoder, tmp_path):
     q0, k0 = encoder.expr("Q[0]"), encoder.expr("K[0]")
-    out = gv.render(gv.to_dot(gv.deps_graph({q0: {q0, k0}, k0: {q0}})), tmp_path / "deps.svg")
+    out = gv.render(gv.to_dot(dv.deps_graph({q0: {q0, k0}, k0: {q0}})), tmp_path / "deps.svg")
     svg = out.path.read_text()
     assert svg_nodes(svg) == 4
     assert len(re.findall(r'class="edge"', svg)) == 3
@@ -498,16 +537,16 @@ def test_deps_pairs_of_encoder2_with_a_named_error(tmp_path):
     program = fdsl.load(src)
     E = program["E"]
     everything = {program.expr("%s[%d]" % (n, i)) for n in "QKVWbf" for i in (0, 1)}
-    through = gv.deps_pairs(program, program.expr("form(E)"))
+    through = dv.deps_pairs(program, program.expr("form(E)"))
     assert set(through) == everything  # every weight has a differential in the form
     assert all(used == everything for used in through.values())  # E involves every weight
-    kept = gv.deps_pairs(program, program.expr("form(E)"), keep_lets=True)
+    kept = dv.deps_pairs(program, program.expr("form(E)"), keep_lets=True)
     # the last translation f_1 enters linearly: its coefficient is made of E and C only
     assert kept[program.expr("f[1]")] == {E}
     assert all(E in used for used in kept.values())
     assert program.expr("Q[0]") in kept[program.expr("K[1]")]
-    graph = gv.deps_graph(kept)
-    assert graph.nodes["w:E"]["dot"]["fillcolor"] == gv.LET_FILL
+    graph = dv.deps_graph(kept)
+    assert graph.nodes["w_E"]["dot"]["fillcolor"] == tg.LET_FILL
     assert "12 weights, 1 named intermediate, 12 coefficients" in graph.graph["legend"][0][0]
 
 
@@ -517,4 +556,172 @@ def test_cli_deps_of_encoder2(tmp_path):
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     # 12 weights, and the coefficient of each of their differentials
-    assert text.count('"w:') >= 12 and "coeff of dQ_0" in text
+    assert len({tail for tail, _ in dot_edges(text)}) == 12 and "coeff of dQ_0" in text
+
+
+# ---- the dependency path view: "does the coefficient of dK_5 involve Q_3, and through what?" ------
+
+
+def test_named_graph_links_each_definition_to_the_names_it_uses(deep):
+    g = deep.expr("coeff(w, K[5])")
+    named = dv.named_graph(g)
+    names = {t: (tg.let_name(t) if t.op == "let" else t.data[0].printed()) for t in named if t is not g}
+    by_name = {v: k for k, v in names.items()}
+    assert {"X_5", "G_6", "K_5", "Q_5"} <= {names[t] for t in named.successors(g)}
+    # X_5 := layer 4 of X_4: X_4 under m(a(...)), the weights of layer 4
+    x5 = by_name["X_5"]
+    assert {names[t] for t in named.successors(x5)} == {"X_4", "Q_4", "K_4", "V_4", "W_4", "b_4", "f_4"}
+    assert named.edges[x5, by_name["X_4"]]["via"] == ["m(...)"]
+    assert named.edges[x5, by_name["Q_4"]]["via"] == ["m(...)", "a(...)"]
+    # the adjoint G_6 uses G_7 (the layer above), and X_6
+    assert {"G_7", "X_6"} <= {names[t] for t in named.successors(by_name["G_6"])}
+
+
+def test_path_view_of_the_manuals_question(deep):
+    g, q3, k5 = deep.expr("coeff(w, K[5])"), deep.expr("Q[3]"), deep.expr("K[5]")
+    graph = dv.path_view(g, q3, k5)
+    assert graph.graph["title"] == ("does the coefficient of dK_5 involve Q_3?  true, via "
+                                    "X_5 > m(...) > X_4 > m(...) > a(...) > Q_3")
+    red = [(u, v) for u, v, d in graph.edges(data=True) if d["dot"]["color"] == dv.PATH_RED]
+    assert sorted(red) == sorted([("coeff", "let_X_5"), ("let_X_5", "let_X_4"), ("let_X_4", "w_Q_3")])
+    assert graph.edges["let_X_4", "w_Q_3"]["dot"]["label"] == "m(...) > a(...)"
+    # every way Q_3 reaches the coefficient: through X_5, and through the adjoints G_6, G_7, the
+    # error E and the later layers X_8 ... X_6, which all rest on X_4; nothing below X_4
+    lets = {graph.nodes[v]["label"].split(" :=")[0] for v in graph if graph.nodes[v]["op"] == "let"}
+    assert lets == {"X_4", "X_5", "X_6", "X_7", "X_8", "E", "G_6", "G_7"}
+    nx_ = nx
+    for v in graph:
+        assert v == "coeff" or nx_.has_path(graph, "coeff", v)
+        assert v == "w_Q_3" or nx_.has_path(graph, v, "w_Q_3")
+    assert graph.nodes["let_X_5"]["label"].startswith("X_5 := m(a(s X_4 Q_4 K_4^t X_4^t)")
+
+
+def test_path_view_when_the_answer_is_no(deep):
+    g = deep.expr("coeff(w, K[3])")
+    graph = dv.path_view(g, deep.expr("Q[5]"), deep.expr("K[3]"))
+    assert "true, via" in graph.graph["title"]  # the adjoints carry layer 5 down to layer 3
+    p = fdsl.parse("dim n = 2\nconst X : n x n\nweight A, B : n x n\nw = trace(X d(A)) + trace(A d(B))")
+    graph = dv.path_view(forms_coeff(p, "A"), p.expr("B"), p.expr("A"))
+    assert graph.graph["title"].endswith("false")
+    assert graph.number_of_edges() == 0 and graph.number_of_nodes() == 2
+    with pytest.raises(FdslError, match="must be a weight"):
+        dv.path_view(forms_coeff(p, "A"), p.expr("X"), p.expr("A"))
+
+
+def forms_coeff(p, name):
+    return fdsl.forms.coeff(p["w"], p.expr(name))
+
+
+@needs_dot
+def test_cli_deps_path_view_renders(tmp_path):
+    out = tmp_path / "q3k5.svg"
+    done = run_cli("deps", ROOT / "examples" / "deep.fd", "--form", "w", "--weight", "Q[3]", "--coeff", "K[5]",
+                   "-o", out)
+    assert done.returncode == 0, done.stderr
+    svg = out.read_text()
+    assert svg_nodes(svg) == 10
+    assert "does the coefficient of dK_5 involve Q_3?" in svg and "X_4 := m(a(s X_3" in svg
+
+
+def test_cli_deps_flags_go_together_and_take_weights(tmp_path):
+    deep = ROOT / "examples" / "deep.fd"
+    done = run_cli("deps", deep, "--form", "w", "--weight", "Q[3]", "-o", tmp_path / "x.dot")
+    assert done.returncode == 2 and "--weight and --coeff go together" in done.stderr
+    done = run_cli("deps", deep, "--form", "w", "--weight", "Q[3]", "--coeff", "X0", "-o", tmp_path / "x.dot")
+    assert done.returncode == 2 and "expected a weight" in done.stderr and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- sizes: refused before layout; slow steps say so -------------------------------------------------
+
+
+def test_a_picture_too_big_is_refused_before_layout(deep, monkeypatch):
+    import graphviz
+
+    def no_layout(*a, **k):
+        raise AssertionError("dot was started")
+
+    monkeypatch.setattr(graphviz.Digraph, "pipe", no_layout)
+    w = deep["w"]
+    with pytest.raises(FdslError, match="more than 300 boxes.*expand fewer named intermediates"):
+        gv.diagram(w, expand="all")
+    pairs = {deep.expr("Q[%d]" % i): {deep.expr("K[%d]" % j) for j in range(8)} for i in range(8)}
+    with pytest.raises(FdslError, match="64 edges between 24 boxes, more than 50.*--max-edges"):
+        gv.Diagram(dv.deps_graph(pairs), max_edges=50)
+
+
+def test_slow_steps_say_so(capsys):
+    import threading
+
+    from fdsl.progress import slow
+
+    said = threading.Event()
+
+    class Err:
+        lines = []
+
+        def write(self, s):
+            self.lines.append(s)
+            said.set()
+
+        def flush(self):
+            pass
+
+    err = Err()
+    with slow("laying out 12 boxes", after=0.01, out=err):
+        assert said.wait(30)  # the body outlasts the note: the note comes while it runs
+    assert err.lines[0].startswith("fdsl: laying out 12 boxes (still working after 0 s)")
+    assert "laying out 12 boxes: done in" in err.lines[-1]
+    quiet = Err()
+    quiet.lines = []
+    with slow("quick", after=60, out=quiet):
+        pass
+    assert quiet.lines == []
+
+
+# ---- the README's pictures -----------------------------------------------------------------------
+
+
+README = (ROOT / "README.md").read_text()
+README_DRAWINGS = re.findall(r"^(fdsl (?:diagram|deps) .*)$", README, re.M)
+
+
+def test_the_readme_shows_its_pictures():
+    assert len(README_DRAWINGS) >= 3
+    for command in README_DRAWINGS:
+        picture = command.split(" -o ")[1].strip()
+        assert "](%s)" % picture in README, picture  # each command's picture is shown
+        assert (ROOT / picture).exists(), picture
+
+
+def png_size(path):
+    import struct
+
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_the_depth_8_pictures_are_small_enough_to_read():
+    for name in ("coeff_K5_deep.png", "deps_Q3_K5_deep.png"):
+        width, height = png_size(ROOT / "examples" / name)
+        assert max(width, height) < 3000, name
+
+
+@needs_dot
+@pytest.mark.parametrize("command", README_DRAWINGS)
+def test_the_readme_drawing_commands_make_their_pictures(command, tmp_path):
+    import shlex
+
+    args = shlex.split(command)[1:]
+    out = Path(args[args.index("-o") + 1])
+    args[args.index("-o") + 1] = str(tmp_path / (out.stem + ".svg"))
+    done = run_cli(*args, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    svg = (tmp_path / (out.stem + ".svg")).read_text()
+    (nodes,) = re.findall(r"\((\d+) nodes\)", done.stdout)
+    assert svg_nodes(svg) == int(nodes)
+    if out.suffix == ".png":  # the committed picture is this drawing, at the same size
+        width, height = png_size(ROOT / out)
+        view = re.search(r'<svg width="(\d+)pt" height="(\d+)pt"', svg)
+        assert abs(int(view.group(1)) * 96 / 72 - width) < 4 and abs(int(view.group(2)) * 96 / 72 - height) < 4

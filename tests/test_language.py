@@ -223,11 +223,12 @@ def test_transparent_definition(defs):
 def test_named_definitions(defs):
     N = defs["N"]
     assert N.op == "let" and N.args == (ev(defs, "A + B"),) and N.shape == ("n", "n")
-    assert str(ev(defs, "N A")) == "N A"
+    assert printers.text(ev(defs, "N A")) == "N A"
+    assert str(ev(defs, "N A")) == "N A\nwhere\n  N := A + B"  # str carries the bindings, as show does
     assert printers.string(N) == "(N where N := A + B)"  # named intermediates are written inline
     named = ev(defs, "named(2)")
     assert named.op == "let" and named.data == ("named", (2,)) and named.args[0] is ev(defs, "m(encoder(2))")
-    assert str(named) == "named_2"
+    assert printers.text(named) == "named_2" and str(named).startswith("named_2 := m(")
     assert printers.string(named).startswith("(named[2] where named[2] := m(")
     assert ev(defs, "named(2)") is named
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import fdsl
+from fdsl import printers
 from fdsl import terms as T
 from fdsl.backends.numpy_eval import evaluate
 from fdsl.forms import coeff, form, weights
@@ -88,15 +89,18 @@ def test_normal_form_is_the_derivative_of_the_loss(L):
     assert abs(-symbolic - fd) <= REL_TOL * abs(fd)
 
 
-@pytest.mark.parametrize("text, expected", [
-    # (form of, normal form) for small programs: table-driven, read off by hand
-    ("A W", "trace(-W^t A^t A dW)"),
-    ("A W + B", "trace(-(A W + B)^t A dW)"),
-    ("W A W", "trace((-A W W^t A^t W^t - W^t A^t W^t W A) dW)"),
+@pytest.mark.parametrize("text, expected, shown", [
+    # (form of, normal form, as show prints it: one weight per line, dW: G) for small programs:
+    # table-driven, read off by hand
+    ("A W", "trace(-W^t A^t A dW)", "dW: -W^t A^t A"),
+    ("A W + B", "trace(-(A W + B)^t A dW)", "dW: -(A W + B)^t A"),
+    ("W A W", "trace((-A W W^t A^t W^t - W^t A^t W^t W A) dW)", "dW: -A W W^t A^t W^t - W^t A^t W^t W A"),
 ])
-def test_small_normal_forms(text, expected):
+def test_small_normal_forms(text, expected, shown):
     p = fdsl.parse("dim n\nconst A : n x n, B : n x n\nweight W : n x n\nx = " + text)
-    assert str(p.apply_rules("normal", form(p["x"]))) == expected
+    w = p.apply_rules("normal", form(p["x"]))
+    assert printers.text(w) == expected
+    assert str(w) == shown
 
 
 def test_manual_walkthrough_runs_through_the_cli():

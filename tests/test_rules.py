@@ -117,8 +117,8 @@ def test_fdsl_run_rules_option_loads_a_rule_file(tmp_path):
 def test_tanh_example_adds_an_operator_and_fdsl_run_uses_it():
     r = fdsl_cli("run", "examples/tanh.fd")
     assert r.returncode == 0, r.stderr
-    first = r.stdout.splitlines()[0]
-    assert "tanhd(" in first and "dU" in first and "dV" in first
+    lines = r.stdout.splitlines()  # the normal form, one weight per line, then coeff(w, U)
+    assert lines[0].startswith("dU: ") and "tanhd(" in lines[0] and lines[1].startswith("dV: ")
 
 
 def test_looping_rules_stop_with_the_rules_that_fired_last():

@@ -92,7 +92,15 @@ def gradient_terms(w: Term) -> dict:
                             % _short(x))
         coefficients.setdefault(x, []).append(g)
     ordered = sorted(coefficients, key=lambda x: (x.data[0].name, x.data[0].index))
-    return {x.data[0].printed(): T.transpose(T.add(*coefficients[x])) for x in ordered}
+    return {x.data[0].printed(): _dual(x, T.add(*coefficients[x])) for x in ordered}
+
+
+def _dual(x: Term, g: Term) -> Term:
+    """``G^t``, shaped like the weight x: a scalar coefficient c of a square weight (trace(c dW))
+    stands for c I, whose dual is c I, not a matrix filled with c."""
+    if g.scalar and x.shape != (1, 1):
+        return T.mul(g, T.eye(x.shape[0]))
+    return T.transpose(g)
 
 
 def _short(t: Term, n: int = 80) -> str:

@@ -9,10 +9,11 @@ oracle      an evaluation of a term that shares nothing with the rules or the nu
 builtin     ``sym``, ``num``, ``zero``, ``eye``, ``add``, ``mul``, ``had``, ``t``, ``pow``, ``trace``,
             ``m`` (relu), ``a`` (row-wise softmax), ``mm(A, B) = [A > 0] o B``,
             ``aa(A, B) = S o (B - rowsum(S o B) 1^t)`` and ``let`` (its body).
-user op     an operator a rule file declared (``operator tanh(A) numpy "np.tanh({0})"``): its numpy
-            template is its only definition, so it is run with ``np`` standing for a small
-            torch namespace (``np.tanh`` is ``torch.tanh``); a template that namespace cannot run
-            is an ``FdslError`` naming the operator, never a wrong number.
+user op     an operator a rule file declared (``operator tanh(A) numpy tanh``, or by a value
+            ``= B - tanh(A) * tanh(A) * B``): its numpy template (fdsl's own text, composed from the
+            fixed table ``fdsl.ops.NUMPY_FUNCTIONS`` and the built-in templates) is run with ``np``
+            and the runtime helpers standing for torch (``np.tanh`` is ``torch.tanh``); a template
+            torch cannot run is an ``FdslError`` naming the operator, never a wrong number.
 values      arrays by printed symbol name, as for ``fdsl.backends.numpy_eval``; ``weights`` lists
             the names whose gradients are wanted (their tensors require grad).
 
@@ -42,25 +43,51 @@ def _torch():
 
 
 class _NumpyInTorch:
-    """The part of numpy that operator templates use, in torch (for operators of rule files)."""
+    """The numpy that operator templates call (``fdsl.ops.NUMPY_FUNCTIONS`` and the built-in
+    templates), in torch: ``np.tanh`` is ``torch.tanh``, numbers become float64 tensors."""
 
     def __init__(self, torch):
         self.torch = torch
-        for name in ("tanh", "exp", "log", "sin", "cos", "sqrt", "abs", "sign", "where", "trace"):
-            setattr(self, name, getattr(torch, name))
-        self.float64 = torch.float64
 
-    def maximum(self, a, b):
-        return self.torch.maximum(self._t(a), self._t(b))
+    def __getattr__(self, name):
+        torch = self.torch
+        special = {"cbrt": lambda x: torch.sign(x) * torch.abs(x) ** (1.0 / 3.0),
+                   "trace": lambda x: torch.trace(x)}
+        fn = special.get(name) or getattr(torch, name, None)
+        if fn is None or not callable(fn):
+            raise AttributeError("np.%s has no torch counterpart here" % name)
+        return lambda *args: fn(*(self.tensor(a) for a in args))
 
-    def minimum(self, a, b):
-        return self.torch.minimum(self._t(a), self._t(b))
-
-    def asarray(self, a, dtype=None):
-        return self._t(a)
-
-    def _t(self, a):
+    def tensor(self, a):
         return a if self.torch.is_tensor(a) else self.torch.tensor(float(a), dtype=self.torch.float64)
+
+
+def _helpers(torch) -> dict:
+    """The runtime helpers of ``fdsl.backends.numpy_runtime`` that templates call, in torch."""
+
+    def mul(*factors):
+        scale, product = None, None
+        for x in factors:
+            if not torch.is_tensor(x) or x.numel() == 1 and x.dim() < 2 or tuple(x.shape) == (1, 1):
+                x = x if torch.is_tensor(x) else torch.tensor(float(x), dtype=torch.float64)
+                scale = x.reshape(()) if scale is None else scale * x.reshape(())
+            else:
+                product = x if product is None else product @ x
+        if product is None:
+            return scale.reshape(1, 1)
+        return product if scale is None else scale * product
+
+    def softmax(x):
+        return torch.softmax(x, dim=1)
+
+    def mm(a, b):
+        return (a > 0).to(torch.float64) * b
+
+    def aa(a, b):
+        s = torch.softmax(a, dim=1)
+        return s * (b - (s * b).sum(dim=1, keepdim=True))
+
+    return {"_mul": mul, "_softmax": softmax, "_mm": mm, "_aa": aa}
 
 
 class TorchEvaluator:
@@ -84,6 +111,8 @@ class TorchEvaluator:
 
     def gradients(self, loss: Term, weights) -> dict:
         """d loss / d W for each printed weight name (zeros where the loss does not involve W)."""
+        if not weights:
+            return {}
         out = self.value(loss).reshape(())
         leaves = [self.leaves[w] for w in weights]
         grads = self.torch.autograd.grad(out, leaves, allow_unused=True)
@@ -177,7 +206,7 @@ class TorchEvaluator:
             # the template is the operator's definition, from a rule file already loaded (and
             # compiled the same way) by fdsl.backends.numpy_eval; no builtins are reachable
             code = compile(expr, "<torch oracle of %s>" % node.op, "eval")
-            env = {"__builtins__": {}, "np": _NumpyInTorch(self.torch), "data": data}
+            env = {"__builtins__": {}, "np": _NumpyInTorch(self.torch), "data": data, **_helpers(self.torch)}
             env.update(zip(names, args))
             out = eval(code, env)  # noqa: S307 - see above
         except Exception as e:  # whatever the template does, torch cannot run it: say so

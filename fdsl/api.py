@@ -1,0 +1,89 @@
+"""The Python side of the language, for scripts and notebooks.
+
+Vocabulary
+----------
+composing    terms combine with Python operators as in the language (``A + B``, ``A - B``,
+             ``A @ B`` for the product ``A B``, ``A * B`` Hadamard, ``A / s``, ``A.T``), and with
+             the functions here (``d``, ``trace``, ``form``, ``m``, ``a``, ``mm``, ``aa``), with
+             the same shape checks and messages: a mismatch is an ``FdslError``.
+picture      ``diagram(E)`` (also ``E.diagram()``) and ``deps(w, V, W)`` return a
+             ``fdsl.backends.graphviz.Diagram``: inline SVG in a notebook, ``.save("f.png")``.
+
+    >>> import fdsl
+    >>> p = fdsl.parse("dim n = 2\\nconst X : n x n\\nweight W : n x n")
+    >>> X, W = p["X"], p["W"]
+    >>> print(fdsl.trace((X @ W).T @ fdsl.d(X @ W)))
+    trace((X W)^t d(X W))
+"""
+
+from __future__ import annotations
+
+from . import terms as T
+from .errors import FdslError
+from .functions import as_term
+from .terms import Term, _checked
+
+
+def _op(name: str, *args) -> Term:
+    return _checked(T.make, name, [as_term(a, "an argument of %s" % name) for a in args])
+
+
+def d(x) -> Term:
+    """The differential ``d(x)``."""
+    return _op("d", x)
+
+
+def trace(x) -> Term:
+    """``trace(x)`` of a square matrix."""
+    return _op("trace", x)
+
+
+def m(x) -> Term:
+    """relu, entrywise."""
+    return _op("m", x)
+
+
+def a(x) -> Term:
+    """Row-wise softmax."""
+    return _op("a", x)
+
+
+def mm(x, y) -> Term:
+    """``[x > 0] o y``: the derivative of relu at x applied to y."""
+    return _op("mm", x, y)
+
+
+def aa(x, y) -> Term:
+    """The softmax Jacobian at x applied to y."""
+    return _op("aa", x, y)
+
+
+def form(e) -> Term:
+    """The pulled-back Euler form ``-trace(E^t d(E))``."""
+    from .forms import form as _form
+
+    e = as_term(e, "E")
+    return _checked(_form, e)
+
+
+def diagram(value, expand="auto", split_leaves: bool = False, title=None, max_nodes=None, max_edges=None):
+    """The picture of a term (inline in a notebook; ``.save("e.svg")``). Named intermediates are
+    boxes unless the whole picture is small; ``expand=["X_5"]`` or ``"all"`` draws definitions."""
+    from .backends import graphviz as gv
+
+    return gv.diagram(value, expand=expand, split_leaves=split_leaves, title=title,
+                      max_nodes=gv.DEFAULT_MAX_NODES if max_nodes is None else max_nodes,
+                      max_edges=gv.DEFAULT_MAX_EDGES if max_edges is None else max_edges)
+
+
+def deps(w, weight, of):
+    """The picture of "does the coefficient of d(of) in the normal form w involve weight?"."""
+    from .backends import graphviz as gv
+    from .backends.depsview import path_view
+    from .forms import coeff, normal_terms
+
+    w = as_term(w, "w")
+    normal_terms(w)  # an error unless w is a normal form
+    if not (isinstance(of, Term) and of.op == "sym" and of.data[0].kind == "weight"):
+        raise FdslError("the coefficient is named by its weight, like K[5], not %s" % of)
+    return gv.Diagram(path_view(coeff(w, of), weight, of))

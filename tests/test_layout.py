@@ -1,0 +1,96 @@
+"""Long terms printed on several lines: a normal form one weight per line (``dW_0: G``), long
+coefficients, forms and definitions broken at their sums, LaTeX long forms as ``aligned``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import fdsl
+from fdsl import forms, printers
+from fdsl.functions import render
+from fdsl.layout import WIDTH
+
+from conftest import EXAMPLES
+
+
+@pytest.fixture(scope="module")
+def enc():
+    p = fdsl.load(EXAMPLES / "encoder2.fd")
+    p.feed("wn = normal(form(E))\nz = forms(E)")
+    return p
+
+
+def joined(lines):
+    """Continuation lines put back: the text of one weight's coefficient."""
+    out = []
+    for line in lines:
+        if line.startswith(" "):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out
+
+
+def test_the_encoder2_normal_form_prints_one_weight_per_line(enc):
+    w = enc["wn"]
+    shown = render(w)
+    lines = joined(shown.splitlines())
+    weights = forms.weights(w)
+    assert len(lines) == len(weights) == 12
+    for line, weight in zip(lines, weights):
+        head, _, body = line.partition(": ")
+        assert head == "d" + weight.data[0].printed()
+        # the coefficient, read back from what is printed, is the coefficient
+        assert body == printers.text(forms.coeff(w, weight))
+    assert str(w) == shown  # print(w) in Python reads the same
+
+
+def test_long_coefficients_break_at_their_sums(enc):
+    lines = render(enc["wn"]).splitlines()
+    starts = [m for m in lines if m.startswith("dK_0: ")]
+    assert starts
+    i = lines.index(starts[0])
+    more = []
+    for line in lines[i + 1:]:
+        if not line.startswith(" "):
+            break
+        more.append(line)
+    assert more and all(re.match(r"^ {6}[+-] ", line) for line in more)  # under the coefficient's start
+
+
+def test_a_long_form_breaks_between_summands_and_a_matrix_does_not(enc):
+    z = enc["z"]  # forms(E): 24 summands of the same weights, not collected
+    lines = render(z).splitlines()
+    assert len(lines) > 1 and all(line.startswith(("+ ", "- ")) for line in lines[1:])
+    assert " ".join(lines) == printers.text(z)  # nothing lost or added, only line breaks
+    for line in lines:  # a line longer than WIDTH is one summand that does not fit alone
+        assert len(line) <= WIDTH or line.count(" + ") + line.count(" - ") <= line.count("(")
+    E = enc["E"]
+    assert render(E) == printers.text(E) and "\n" not in render(E)
+
+
+def test_definitions_break_at_their_sums():
+    deep = fdsl.load(EXAMPLES / "deep.fd")
+    shown = render(deep.expr("coeff(w, K[5])"))
+    lines = shown.splitlines()
+    g7 = next(i for i, line in enumerate(lines) if line.startswith("  G_7 := "))
+    assert lines[g7 + 1].startswith("         + ") and lines[g7 + 2].startswith("         + ")
+
+
+def test_latex_of_a_normal_form_is_aligned_one_row_per_weight(enc):
+    w = enc["wn"]
+    tex = printers.latex(w)
+    assert tex.startswith("\\begin{aligned}\n") and tex.endswith("\n\\end{aligned}")
+    rows = tex.split(" \\\\\n")
+    heads = [r for r in rows if r.lstrip("\\begin{aligned}\n").startswith("\\mathrm{d}") or "&\\colon" in r]
+    assert len(heads) == 12
+    assert "\\mathrm{d}K_{0} &\\colon\\ " in tex
+    assert w._repr_latex_().startswith("$") and "aligned" in w._repr_latex_()
+
+
+def test_latex_of_a_short_term_is_one_formula(enc):
+    assert "aligned" not in printers.latex(enc["E"])
+    assert "aligned" not in printers.latex(enc.expr("forms(E, 4)"))
+    assert "aligned" in printers.latex(enc["z"])
