@@ -512,7 +512,7 @@ def test_cli_without_dot_writes_the_dot_file_and_says_how_to_install(tmp_path):
     (["--expr", "Eq", "-o", "e.svg"], "unknown name 'Eq'; did you mean 'E'?"),
     (["--expr", "E", "-o", "e.jpg"], "e.jpg: cannot draw to this file"),
     (["--expr", "string(E)", "-o", "e.svg"], "a diagram draws a matrix expression"),
-    (["--expr", "E", "--max-nodes", "5", "-o", "e.svg"], "more than 5 distinct subterms"),
+    (["--expr", "E", "--max-nodes", "5", "-o", "e.svg"], "more than 5 boxes"),
 ])
 def test_cli_errors_exit_2_without_traceback(tmp_path, args, message):
     done = run_cli("diagram", ENCODER2, *args, cwd=tmp_path)
