@@ -11,7 +11,7 @@ import sys
 import threading
 
 from .errors import FdslError
-from .rewrite import DEFAULT_STEP_LIMIT
+from .rewrite import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
 
 # Elaboration recurses once per nested call of a user definition (encoder(64) nests 64 deep);
 # a big thread stack lets the depth limit in fdsl.program, not the interpreter, decide.
@@ -27,8 +27,7 @@ def add_run_options(p) -> None:
     """The options that say how a program is read and run: fdsl run and fdsl repl share them."""
     p.add_argument("--rules", action="append", metavar="FILE", help=RULES_HELP)
     p.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
-    p.add_argument("--step-limit", type=int, metavar="N", help="rewrite steps before a ruleset is "
-                   "declared non-terminating (default %d)" % DEFAULT_STEP_LIMIT)
+    add_limit_options(p)
     p.add_argument("--values", metavar="FILE.npz", help="numeric values of symbols, for eval/grad")
     p.add_argument("--random", type=int, metavar="SEED", help="random values for symbols without one")
 
@@ -42,7 +41,7 @@ def run_setup(args):
 
     def setup(program):
         program.options["trace"] = args.trace
-        program.options["step_limit"] = args.step_limit
+        set_limits(program, args)
         program.options["progress"] = _progress_wanted(args)
         if args.values:
             numpy_eval.load_values(program, args.values)
@@ -81,6 +80,30 @@ def _cmd_run(args) -> int:
     after(program)
     program.run(sys.stdout)
     return 0
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (0 and negative limits mean nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a whole number" % text) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, not %d" % value)
+    return value
+
+
+def add_limit_options(p) -> None:
+    """--step-limit and --size-limit: where a rewrite stops with a reason instead of running on."""
+    p.add_argument("--step-limit", type=positive_int, metavar="N", help="rewrite steps before a ruleset "
+                   "is declared non-terminating (default %d)" % DEFAULT_STEP_LIMIT)
+    p.add_argument("--size-limit", type=positive_int, metavar="N", help="new term nodes one rewrite may "
+                   "build before it is declared growing without end (default %d)" % DEFAULT_SIZE_LIMIT)
+
+
+def set_limits(program, args) -> None:
+    program.options["step_limit"] = getattr(args, "step_limit", None)
+    program.options["size_limit"] = getattr(args, "size_limit", None)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,9 +13,13 @@ and shares the expression part through ``parse_expression_tree``-style reuse of 
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
+from pathlib import Path
 from typing import Optional
 
 from lark import Lark, Token, Transformer_NonRecursive, v_args
@@ -23,6 +27,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from .errors import FdslError
 from .hints import syntax_hint
+from .numbers import OUT_OF_RANGE, number_problem
 from .resources import grammar_path
 
 
@@ -110,10 +115,44 @@ class _NewlinesInBrackets:
 @lru_cache(maxsize=None)
 def _parser(grammar: str, start: str = "start") -> Lark:
     path = grammar_path(grammar)
-    # cache=True: Lark keeps the built LALR tables in the temp folder, keyed by the grammar's hash,
-    # so later runs skip building them (about 0.1 s of every start)
-    return Lark(path.read_text(), parser="lalr", propagate_positions=True, import_paths=[str(path.parent)],
-                postlex=_NewlinesInBrackets(), start=start, maybe_placeholders=False, cache=True)
+    text = path.read_text()
+    return Lark(text, parser="lalr", propagate_positions=True, import_paths=[str(path.parent)],
+                postlex=_NewlinesInBrackets(), start=start, maybe_placeholders=False,
+                cache=_cache_file(grammar, start, text))
+
+
+def _cache_file(grammar: str, start: str, text: str):
+    """Where Lark may keep the built LALR tables (a pickle, which loading would run), or False.
+
+    Only in a folder of this user's own: ``platformdirs.user_cache_dir("fdsl")`` (~/.cache/fdsl),
+    made 0700 and checked before every use to be a real folder (not a link), owned by this user
+    and closed to everyone else; the file too must be this user's regular file, or absent. Never
+    the shared temp folder, where another user could plant a pickle. Any doubt means no cache:
+    building the tables costs about 0.1 s (BENCHMARKS.md). ``FDSL_NO_CACHE=1`` turns it off."""
+    if os.environ.get("FDSL_NO_CACHE") or not hasattr(os, "getuid"):
+        return False
+    import hashlib
+
+    import lark
+    import platformdirs
+
+    folder = Path(platformdirs.user_cache_dir("fdsl", appauthor=False))
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return False
+        key = hashlib.sha256(("%s|%s|%s|%s" % (lark.__version__, grammar, start, text)).encode()).hexdigest()[:32]
+        file = folder / ("grammar-%s.lark-cache" % key)
+        try:
+            st = os.lstat(file)
+        except FileNotFoundError:
+            return str(file)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return False
+        return str(file)
+    except OSError:
+        return False
 
 
 def _pos(x):
@@ -122,6 +161,33 @@ def _pos(x):
     if isinstance(x, Node):
         return x.line, x.col
     return 0, 0
+
+
+_LITERAL = re.compile(r"(\d+)(?:\.(\d*))?(?:[eE]([-+]?\d+))?")
+
+
+def literal_value(text: str) -> Fraction:
+    """The exact value of a number as written (``12``, ``0.5``, ``1e308``); an FdslError if it is
+    beyond float64's range, decided from the exponent before the digits are expanded."""
+    m = _LITERAL.fullmatch(text)
+    if len(text) > 400:  # more digits than any float64 has: out of range, or a typo
+        raise FdslError("the number %s... (%d digits) is %s" % (text[:20], len(text), OUT_OF_RANGE))
+    exponent = int(m.group(3)) if m and m.group(3) and len(m.group(3)) < 8 else None
+    if m and m.group(3) and (exponent is None or abs(exponent) > 400):
+        raise FdslError("the number %s is %s" % (text, OUT_OF_RANGE))
+    value = Fraction(text)
+    problem = number_problem(value) if value else None
+    if problem:
+        raise FdslError("the number %s is %s" % (text, problem))
+    return value
+
+
+def _whole(tok) -> int:
+    """A size or an index as written; at most 18 digits (no matrix has 10^18 rows)."""
+    if len(tok) > 18:
+        raise FdslError("%s... is too large for a size or an index (%d digits)" % (tok[:18], len(tok)),
+                        line=tok.line, col=tok.column)
+    return int(tok)
 
 
 @v_args(meta=True)
@@ -135,7 +201,11 @@ class ToAst(Transformer_NonRecursive):
     # ---- expressions
     def number(self, meta, children):
         (tok,) = children
-        return self._node("number", meta, value=Fraction(str(tok)))
+        try:
+            value = literal_value(str(tok))
+        except FdslError as e:
+            raise FdslError(e.message, line=meta.line, col=meta.column) from None
+        return self._node("number", meta, value=value)
 
     def name(self, meta, children):
         return self._node("name", meta, value=str(children[0]))
@@ -145,7 +215,7 @@ class ToAst(Transformer_NonRecursive):
 
     def binding(self, meta, children):
         name, *index, body = children
-        return self._node("binding", meta, (body,), (str(name), tuple(int(i) for i in index)))
+        return self._node("binding", meta, (body,), (str(name), tuple(_whole(i) for i in index)))
 
     def call(self, meta, children):
         head, *args = children
@@ -156,7 +226,7 @@ class ToAst(Transformer_NonRecursive):
 
     # ---- declarations
     def dim_item(self, meta, children):
-        return (str(children[0]), int(children[1]) if len(children) > 1 else None, meta.line, meta.column)
+        return (str(children[0]), _whole(children[1]) if len(children) > 1 else None, meta.line, meta.column)
 
     def indices(self, meta, children):
         return ("indices", tuple(str(c) for c in children))
@@ -166,7 +236,7 @@ class ToAst(Transformer_NonRecursive):
 
     def dim_ref(self, meta, children):
         tok = children[0]
-        return int(tok) if tok.type == "INT" else str(tok)
+        return _whole(tok) if tok.type == "INT" else str(tok)
 
     def sym_item(self, meta, children):
         item = {"name": str(children[0]), "indices": (), "shape": None, "value": None,
@@ -307,6 +377,7 @@ def _unclosed_bracket(text: str):
 
 def parse_program(text: str, filename: str = "<string>") -> list:
     """The statements of a program, or an FdslError with file:line:col."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors write at the start
     if not text.endswith("\n"):
         text += "\n"
     try:

@@ -32,6 +32,7 @@ from .errors import FdslError
 from .functions import FUNCTIONS, as_int, as_term, describe, render
 from .hints import function_hint, keyword_hint
 from .ops import OPS, ShapeError
+from .numbers import number_problem, power_problem
 from .parse import Node, Stmt, parse_program
 from .terms import Symbol, Term
 
@@ -90,7 +91,7 @@ class Program:
         self.declared_at: dict[str, str] = {}
         self.sources: dict[str, list[str]] = {}  # definition name -> its clauses as written
         self.effects: list = []
-        self.options = {"trace": False, "step_limit": None}
+        self.options = {"trace": False, "step_limit": None, "size_limit": None}
         self.trace_out = sys.stderr
         self._memo: dict = {}
         self._depth = 0
@@ -308,8 +309,9 @@ class Program:
         values = [self.evaluate(n, env) for _, n in parts]
         if all(_is_number(v) for v in values):  # numbers stay exact numbers
             total = values[0]
-            for (negated, _), v in zip(parts[1:], values[1:]):
+            for (negated, n), v in zip(parts[1:], values[1:]):
                 total = total * v if kind != "add" else total - v if negated else total + v
+                _check_number(total, n, self)
             return total
         terms = [as_term(v, "an operand of %s" % _OPNAME["sub" if negated else kind])
                  for (negated, _), v in zip(parts, values)]
@@ -616,7 +618,18 @@ _OPNAME = {"add": "+", "sub": "-", "mul": "a product", "hadamard": "*"}
 _CHAINS = {"add": "add", "sub": "add", "mul": "mul", "hadamard": "hadamard"}  # node kind -> chain kind
 
 
+def _check_number(value, node, program):
+    problem = number_problem(value) if _is_number(value) else None
+    if problem:
+        raise program.error("this number is %s" % problem, node)
+    return value
+
+
 def _arith(kind, args, node, program):
+    return _check_number(_exact(kind, args, node, program), node, program)
+
+
+def _exact(kind, args, node, program):
     if kind == "add":
         return args[0] + args[1]
     if kind == "sub":
@@ -634,6 +647,9 @@ def _arith(kind, args, node, program):
         if base == 0 and exponent < 0:
             raise program.error("division by zero: 0 to the power %s" % render(exponent), node)
         if exponent.denominator == 1:
+            problem = power_problem(base, int(exponent))
+            if problem:
+                raise program.error(problem, node)
             return base ** int(exponent)
         return T.power(T.num(base), exponent)
     if kind == "transpose":
@@ -684,21 +700,21 @@ def load(path, rules=(), setup=None) -> Program:
     """Read and elaborate a ``.fd`` file, or standard input for ``"-"`` (``rules``: extra rule
     files to load first; ``setup``: called with the program before it runs, e.g. to give it
     values for its ``eval`` statements)."""
+    from .inputs import MAX_SOURCE_BYTES, read_source
+
     if str(path) == "-":  # the usual spelling of standard input; its relative paths are the cwd's
+        data = sys.stdin.buffer.read(MAX_SOURCE_BYTES + 1)
+        if len(data) > MAX_SOURCE_BYTES:
+            raise FdslError("standard input holds more than a program may (%d bytes)" % MAX_SOURCE_BYTES,
+                            file="<stdin>")
         try:
-            text = sys.stdin.read()
-        except UnicodeDecodeError:
-            raise FdslError("not text", file="<stdin>") from None
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise FdslError("standard input is not UTF-8 text (byte %d)" % e.start, file="<stdin>") from None
         filename, base_dir = "<stdin>", Path.cwd()
     else:
         path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            # the path leads the message as the file of any other error would: "x.fd: cannot read ..."
-            raise FdslError("cannot read this file: %s" % (e.strerror or e), file=str(path)) from None
-        except UnicodeDecodeError:
-            raise FdslError("not a text file", file=str(path)) from None
+        text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
         filename, base_dir = str(path), path.parent
     program = Program(filename, base_dir)
     for r in rules:

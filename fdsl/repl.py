@@ -312,13 +312,10 @@ class Session:
 
     def load(self, path: str) -> None:
         """Feed a .fd file; its relative paths (rules, values, save) are relative to the file."""
+        from .inputs import read_source
+
         p = Path(path).expanduser()
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise FdslError("cannot read %s: %s" % (p, e.strerror or e)) from None
-        except UnicodeDecodeError:
-            raise FdslError("%s is not a text file" % p) from None
+        text = read_source(p, "file")
         saved = self.program.base_dir
         self.program.base_dir = p.resolve().parent
         try:

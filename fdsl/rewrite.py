@@ -16,8 +16,11 @@ strategy    a composition of rulesets and strategies: in order (``a; b``), ``top
             Python strategies (``order``), in the style of sympy.strategies: the traversal knows
             nothing about the rules, the rules nothing about the traversal.
 
-The engine refuses to loop: a rewrite that comes back to a term still being normalised, or more
-steps than the step limit, stops with a message naming the rules that fired last.
+The engine refuses to loop and to grow without end: a rewrite that comes back to a term still
+being normalised, more steps than the step limit (``--step-limit``), or more new term nodes than
+the size limit (``--size-limit``: a rule such as ``m(?A) => m(?A + ?A)`` doubles the term at every
+step, so memory runs out long before the steps do) stops with a message naming the rules that
+fired last.
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ from .patterns import Run, build, heads, match
 from .terms import Term
 
 DEFAULT_STEP_LIMIT = 2_000_000
+# The size limit counts term cells: each new node with its operands (a flat sum of a million
+# summands is a million cells; interned terms live as long as the process, so cells are memory, about
+# 10 bytes each). One rewrite may build this many; one step alone a fiftieth of it, so a rule that
+# doubles its term (m(?A) => m(?A + ?A)) stops within a second or two instead of filling memory.
+# The fully expanded normal form of a four-layer encoder builds about 24 million.
+DEFAULT_SIZE_LIMIT = 50_000_000
+_STEP_SHARE = 50
 PROGRESS_EVERY = 512  # steps between updates of the progress line
 
 
@@ -134,11 +144,13 @@ class Index:
 class Stepper:
     """Counts steps, keeps the last rules that fired, and prints them under --trace."""
 
-    def __init__(self, name, limit, trace_out=None, progress=None):
+    def __init__(self, name, limit, trace_out=None, size_limit=DEFAULT_SIZE_LIMIT, progress=None):
         self.name, self.limit, self.trace_out = name, limit, trace_out
+        self.size_limit = size_limit
         self.progress = progress  # fdsl.progress: a line on stderr while long work runs
         self.steps = 0
         self.last = deque(maxlen=24)
+        self.start = self.mark = T.built()
 
     def fire(self, rule: Rule, before: Term, after: Term):
         self.steps += 1
@@ -148,8 +160,17 @@ class Stepper:
         if self.trace_out is not None:
             self.trace_out.write("[%s %s] %s  =>  %s\n" % (rule.name, rule.where(), before, after))
         if self.steps > self.limit:
-            raise StepLimit("%s did not reach a normal form within %d steps (the step limit)%s"
-                            % (self.name, self.limit, self.recent()))
+            raise StepLimit("%s did not reach a normal form within %d steps (the step limit, "
+                            "--step-limit N)%s" % (self.name, self.limit, self.recent()))
+        now = T.built()
+        if now - self.start > self.size_limit:
+            raise StepLimit("%s built more than %d term cells in %d steps (the size limit, --size-limit N)%s"
+                            % (self.name, self.size_limit, self.steps, self.recent()))
+        if now - self.mark > self.size_limit // _STEP_SHARE:
+            raise StepLimit("%s: one step of rule %s (%s) built %d term cells, more than 1/%d of the size "
+                            "limit (--size-limit N): a rule that grows its term without end?%s"
+                            % (self.name, rule.name, rule.where(), now - self.mark, _STEP_SHARE, self.recent()))
+        self.mark = now
 
     def recent(self) -> str:
         if not self.last:
@@ -331,7 +352,7 @@ class Engine:
             from . import progress as P
 
             progress = P.start(name)
-        stepper = Stepper(name, limit, trace, progress)
+        stepper = Stepper(name, limit, trace, options.get("size_limit") or DEFAULT_SIZE_LIMIT, progress)
         try:
             return self._run_step(self.book.step_of(name), t, stepper)
         finally:

@@ -32,6 +32,7 @@ from lark.exceptions import UnexpectedInput, VisitError
 
 from . import ops as O
 from .errors import FdslError
+from .inputs import read_source
 from .parse import Node, ToAst, _parser, syntax_error
 from . import terms as T
 from .ops import ShapeError
@@ -124,6 +125,7 @@ class _RuleAst(ToAst):
 
 def parse_rule_file(text: str, filename: str) -> list:
     """The items of a rule file, or an FdslError with file:line:col."""
+    text = text.removeprefix("\ufeff")
     if not text.endswith("\n"):
         text += "\n"
     try:
@@ -298,15 +300,8 @@ class RuleBook:
         resolved = str(path.resolve())
         if resolved in self.files:
             return
-        try:
-            text = path.read_text()
-            mtime = path.stat().st_mtime
-        except OSError as e:
-            # the file leads the message, as any other error in it would: "x.rules: cannot read ..."
-            # (a `rules "x.rules"` statement puts its own position first instead, with the line)
-            raise FdslError("cannot read rule file: %s" % (e.strerror or e), file=str(path)) from None
-        except UnicodeDecodeError:
-            raise FdslError("rule file is not a text file", file=str(path)) from None
+        text = read_source(path, "rule file")
+        mtime = path.stat().st_mtime
         self.files.append(resolved)
         cached = _PARSED.get(resolved)
         if cached is None or cached[0] != mtime:

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator, Optional
 
+from .numbers import power_problem
 from .ops import OPS, ShapeError
 
 _TABLE: dict = {}
+_BUILT = [0]  # nodes and argument slots interned so far: what the size limit of a rewrite counts
 
 
 class Term:
@@ -146,7 +148,14 @@ def _intern(op, args, data, shape, scalar):
     t = _TABLE.get(key)
     if t is None:
         t = _TABLE[key] = Term(op, args, data, shape, scalar)
+        _BUILT[0] += 1 + len(args)
     return t
+
+
+def built() -> int:
+    """How many term nodes (plus their argument slots) have been made so far in this process:
+    a rewrite's growth is the difference between two readings."""
+    return _BUILT[0]
 
 
 # ---- leaves ------------------------------------------------------------------------------------
@@ -320,8 +329,9 @@ def power(base: Term, exponent) -> Term:
     if exponent == 1:
         return base
     if base.op == "num":
-        if exponent.denominator == 1 and (base.data != 0 or exponent >= 0):  # 0^0 = 1, as the parser reads it
-            return num(base.data ** int(exponent))
+        if exponent.denominator == 1 and (base.data != 0 or exponent >= 0) \
+                and power_problem(base.data, int(exponent)) is None:  # 0^0 = 1, as the parser reads it
+            return num(base.data ** int(exponent))  # (beyond float64 it stays a power, unexpanded)
     return make("pow", (base,), exponent)
 
 

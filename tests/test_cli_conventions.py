@@ -91,14 +91,14 @@ def test_run_without_a_program_says_how_to_give_one():
 def test_a_missing_rule_file_is_reported_at_the_file():
     r = fdsl_run("run", "--rules", "nothere.rules", "examples/one_layer.fd")
     assert r.returncode == 2
-    assert r.stderr == "nothere.rules: cannot read rule file: No such file or directory\n"
+    assert r.stderr == "nothere.rules: cannot read this rule file: no such file\n"
 
 
 def test_a_missing_rule_file_named_in_a_program_is_reported_at_the_statement(tmp_path):
     (tmp_path / "p.fd").write_text('dim n\nrules "nothere.rules"\n')
     r = fdsl_run("run", "p.fd", cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.splitlines()[0] == "p.fd:2:1: cannot read rule file: No such file or directory"
+    assert r.stderr.splitlines()[0] == "p.fd:2:1: cannot read this rule file: no such file"
 
 
 def test_every_argument_of_every_command_has_help_text():

@@ -103,21 +103,21 @@ def test_missing_file(run_fdsl, tmp_path):
     proc = run_fdsl("run", "no_such_program.fd", cwd=tmp_path)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert proc.stderr.splitlines()[0] == "no_such_program.fd: cannot read this file: No such file or directory"
+    assert proc.stderr.splitlines()[0] == "no_such_program.fd: cannot read this file: no such file"
 
 
 def test_directory_instead_of_file(run_fdsl, tmp_path):
     (tmp_path / "dir.fd").mkdir()
     proc = run_fdsl("run", "dir.fd", cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[0] == "dir.fd: cannot read this file: Is a directory"
+    assert proc.stderr.splitlines()[0] == "dir.fd: cannot read this file: it is a folder, not a file"
 
 
 def test_binary_file(run_fdsl, tmp_path):
     (tmp_path / "bin.fd").write_bytes(b"\xff\xfe\x00dim n\n")
     proc = run_fdsl("run", "bin.fd", cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[0] == "bin.fd: not a text file"
+    assert proc.stderr.splitlines()[0] == "bin.fd: this file is not UTF-8 text (byte 0)"
 
 
 def test_usage_error_exits_2_without_traceback(run_fdsl):

@@ -103,7 +103,7 @@ def test_load_a_file_into_the_session(terminal):
     out = t.run(":load examples/encoder2.fd")
     assert out.startswith("Y - (m(a(s (m(a(s X Q_0")
     assert t.run("shape(E)") == "(n x d)\n"
-    assert "cannot read nowhere.fd" in t.run(":load nowhere.fd")
+    assert "nowhere.fd: cannot read this file" in t.run(":load nowhere.fd")
     assert t.quit_with("\x04") == 0  # Ctrl-D
 
 

@@ -135,7 +135,7 @@ def test_load_resolves_paths_relative_to_the_file(tmp_path):
 def test_load_of_a_missing_file():
     s = session()
     assert not s.run(":load /nonexistent/x.fd")
-    assert errors(s).startswith("cannot read /nonexistent/x.fd")
+    assert errors(s).startswith("/nonexistent/x.fd: cannot read this file")
 
 
 def test_rules_without_a_rule_book():

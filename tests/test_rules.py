@@ -134,7 +134,7 @@ def test_growing_rules_stop_at_the_step_limit(tmp_path):
     r = fdsl_cli("run", "--step-limit", "500", tmp_path / "p.fd")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     first = r.stderr.splitlines()[0]
-    assert "grow did not reach a normal form within 500 steps (the step limit)" in first
+    assert "grow did not reach a normal form within 500 steps (the step limit, --step-limit N)" in first
     assert "pile (" in first
 
 

@@ -143,7 +143,7 @@ def test_the_engine_application_is_checked_too():
 
 @pytest.mark.parametrize("args, code, message", [
     (["--check", "tests/bad_rules/arity.rules"], 2, "arity.rules:3:26: mm takes 2 arguments, not 1"),
-    (["--check", "no/such.rules"], 2, "cannot read rule file"),
+    (["--check", "no/such.rules"], 2, "cannot read this rule file"),
     (["--check", "--trials", "0"], 2, "--trials must be at least 1"),
 ])
 def test_errors(run_fdsl, args, code, message):

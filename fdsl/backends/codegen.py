@@ -936,13 +936,13 @@ def normal_form_of(program, value, name: str) -> Term:
 
 
 def _cmd_codegen(args) -> int:
+    from ..cli import set_limits
     from ..program import load
     from ..statements import target_of
-
-    target_of(args.output)  # a path that cannot be written fails before the work
     from .numpy_grad import form_named
 
-    program = load(args.file, rules=args.rules or ())
+    target_of(args.output)  # a path that cannot be written fails before the work
+    program = load(args.file, rules=args.rules or (), setup=lambda p: set_limits(p, args))
     name = args.form
     w = normal_form_of(program, form_named(program, name), name)
     if not forms.normal_terms(w):
@@ -964,4 +964,7 @@ def _register(sub):
                    "expression; normalised with backprop unless it already is a normal form")
     p.add_argument("-o", "--output", required=True, metavar="grads.py", help="where to write the module")
     p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    from ..cli import add_limit_options
+
+    add_limit_options(p)
     p.set_defaults(func=_cmd_codegen)

@@ -50,6 +50,7 @@ import numpy as np
 from . import numpy_runtime
 from ..errors import FdslError
 from ..functions import as_term, function
+from ..inputs import check_allocation, regular_file
 from ..ops import OPS, shape_str
 from ..printers import text
 from ..statements import Write
@@ -129,9 +130,18 @@ class Evaluator:
         self._bind(term)
         for node in postorder(term, descend=lambda n: n not in memo):
             if node not in memo:
+                self._check_size(node)
                 memo[node] = self._node(node)
                 self.evaluations += 1
         return memo[term]
+
+    def _check_size(self, node: Term) -> None:
+        """Refuse, before computing it, a value that would not fit in memory (dim n = 10^9)."""
+        if node.shape is None:
+            return
+        sizes = [side if isinstance(side, int) else self.dims.get(side) for side in node.shape]
+        if None not in sizes:
+            check_allocation(8 * sizes[0] * sizes[1], "the value of %s, %d x %d floats," % (_short(node), *sizes))
 
     # -- nodes
 
@@ -435,14 +445,45 @@ def load_values(program, path) -> None:
         store.dims()
 
 
+def _check_npz(path: Path) -> None:
+    """Before anything is read: a regular file that fits in memory, and a zip archive whose arrays'
+    headers (shape and type, read without their data) are real matrices that fit in memory too
+    (a compressed archive can unpack to far more than its size)."""
+    st = regular_file(path, "values file")
+    check_allocation(st.st_size, "reading this values file")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic == b"\x93NUMPY":
+        raise FdslError("this values file holds one unnamed array (an .npy file); values need names: "
+                        "write them with np.savez(path, X=..., Q_0=...)", file=str(path))
+    if not zipfile.is_zipfile(path):
+        raise FdslError("not an .npz archive of arrays (write one with np.savez(path, X=..., Q_0=...))",
+                        file=str(path))
+    total = 0
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            if dtype.kind not in "biuf":
+                raise FdslError("%s in this values file must hold real numbers, not %s" % (name, dtype), file=str(path))
+            if len(shape) > 2:
+                raise FdslError("%s in this values file has shape %s; values are matrices" % (name, shape), file=str(path))
+            total += int(np.prod(shape, dtype=object)) * max(dtype.itemsize, 8)  # read, then made float64
+    try:
+        check_allocation(total, "the arrays of this values file")
+    except FdslError as e:
+        raise FdslError(e.message, file=str(path)) from None
+
+
 def read_npz(path: Path) -> dict:
     """The arrays of an .npz file; an FdslError naming the file if it cannot be read as one."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(6)
-        if not (zipfile.is_zipfile(path) or magic == b"\x93NUMPY"):
-            raise FdslError("not an .npz archive of arrays (write one with np.savez(path, X=..., Q_0=...))",
-                            file=str(path))
+        _check_npz(path)
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise FdslError("cannot read this values file: no such file", file=str(path)) from None

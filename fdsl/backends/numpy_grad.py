@@ -30,7 +30,7 @@ import numpy as np
 from . import numpy_eval
 from .. import forms
 from .. import terms as T
-from ..cli import FILE_HELP, subcommand
+from ..cli import FILE_HELP, add_limit_options, set_limits, subcommand
 from ..errors import FdslError
 from ..functions import as_term, describe, function
 from ..printers import text
@@ -177,7 +177,7 @@ def load_with_values(args):
         raise FdslError("give the values of the symbols: --values IN.npz or --random SEED")
 
     def setup(program):
-        program.options["step_limit"] = getattr(args, "step_limit", None)
+        set_limits(program, args)
         program.options["train"] = False  # train(...) calls in the file wait: this command decides
         if args.values:
             numpy_eval.load_values(program, args.values)
@@ -242,8 +242,7 @@ def add_value_options(p) -> None:
     given.add_argument("--values", metavar="IN.npz", help="the values of the symbols (arrays keyed X, Q_0, ...)")
     given.add_argument("--random", type=int, metavar="SEED", help="random values for every symbol instead")
     p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
-    p.add_argument("--step-limit", type=int, metavar="N", help="rewrite steps before a ruleset is declared "
-                   "non-terminating")
+    add_limit_options(p)
 
 
 @subcommand

@@ -1,0 +1,100 @@
+"""Inputs: reading the files a user names (programs, rule files, value files) without trusting them.
+
+Vocabulary
+----------
+source      a program (.fd) or rule file (.rules): read only if it is a regular file (not a device
+            such as /dev/zero, a pipe or a folder) of at most ``MAX_SOURCE_BYTES``, as UTF-8; a
+            leading byte-order mark is accepted and dropped.
+budget      the memory an allocation may take: half of what the system reports available
+            (``MemAvailable``, capped by the process's own address-space limit), since an operation
+            holds its operands and its result at once. Arrays (values read from files, random
+            values, results of evaluation) are checked against it before they are made, so a huge
+            dim is a message instead of a MemoryError or the machine swapping.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import stat
+from pathlib import Path
+
+from .errors import FdslError
+
+MAX_SOURCE_BYTES = 64 * 1024 * 1024  # a program or rule file larger than this is not a program
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+          (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode: int) -> str:
+    """'a folder', 'a device', ... for a file mode that is not a regular file's."""
+    return next((k for test, k in _KINDS if test(mode)), "not a regular file")
+
+
+def regular_file(path, what: str) -> os.stat_result:
+    """The status of ``path`` if it is a regular file (symlinks followed); else an FdslError."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FdslError("cannot read this %s: no such file" % what, file=str(path)) from None
+    except OSError as e:
+        raise FdslError("cannot read this %s: %s" % (what, e.strerror or e), file=str(path)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FdslError("cannot read this %s: it is %s, not a file" % (what, kind_of(st.st_mode)), file=str(path))
+    return st
+
+
+def read_source(path, what: str = "file") -> str:
+    """The text of a program or rule file: a regular file, at most MAX_SOURCE_BYTES, UTF-8."""
+    path = Path(path)
+    st = regular_file(path, what)
+    if st.st_size > MAX_SOURCE_BYTES:
+        raise FdslError("this %s is %s, more than the %s a program or rule file may have"
+                        % (what, _bytes(st.st_size), _bytes(MAX_SOURCE_BYTES)), file=str(path))
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
+    except OSError as e:
+        raise FdslError("cannot read this %s: %s" % (what, e.strerror or e), file=str(path)) from None
+    try:
+        return data.decode("utf-8-sig")  # -sig: a byte-order mark at the start is dropped
+    except UnicodeDecodeError as e:
+        raise FdslError("this %s is not UTF-8 text (byte %d)" % (what, e.start), file=str(path)) from None
+
+
+def memory_budget() -> int:
+    """Bytes an allocation may take now: the available memory, within the process's limit."""
+    budget = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    budget = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if budget is None:
+        try:
+            budget = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            budget = 1 << 34
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        budget = min(budget, soft)
+    return budget // 2  # an operation holds its operands and its result at once
+
+
+def check_allocation(nbytes: int, what: str) -> None:
+    """An FdslError if ``nbytes`` more would not fit the memory budget."""
+    if nbytes > (1 << 26):  # below 64 MB nothing is worth the look at /proc
+        budget = memory_budget()
+        if nbytes > budget:
+            raise FdslError("%s would take %s, more than the memory available (%s)" % (what, _bytes(nbytes), _bytes(budget)))
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= size:
+            return "%.1f %s" % (n / size, unit)
+    return "%d bytes" % n
