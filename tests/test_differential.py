@@ -95,3 +95,19 @@ def test_the_sign_of_the_form_matters():
     report = check(ONES_SUM.format(n=3, d=7) + LOSS, sign=-1, use_torch=False)
     assert not report.ok
     assert {m for m, _, _ in report.disagreements} == {"finite differences"}
+
+
+def test_scalar_arguments_of_matrix_operators():
+    """Found by the fuzzer: eye(1) is the number 1, and aa(eye(1), X) lowered to _softmax(1.0)."""
+    source = """\
+dim n = 1
+const X11 : 1 x 1
+weight U11 : 1 x 1
+F = U11 + aa(eye(1), X11) + aa(X11, eye(1)) U11 + m(eye(1)) U11 + mm(eye(1), X11) U11
+E := X11 - F
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    report = check(source, sign=-1)
+    assert report.ok, report.describe()
+    assert {"code[shared]", "code[expanded]", "grad(w)"} <= set(report.gradients)

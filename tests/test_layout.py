@@ -94,3 +94,14 @@ def test_latex_of_a_short_term_is_one_formula(enc):
     assert "aligned" not in printers.latex(enc["E"])
     assert "aligned" not in printers.latex(enc.expr("forms(E, 4)"))
     assert "aligned" in printers.latex(enc["z"])
+
+
+def test_str_of_a_deep_coefficient_carries_its_bindings_each_once_in_order():
+    deep = fdsl.load(EXAMPLES / "deep.fd")
+    lines = str(deep.expr("coeff(w, K[5])")).splitlines()
+    assert lines[1] == "where"
+    names = [line.split(" := ")[0].strip() for line in lines[2:] if " := " in line]
+    assert len(names) == len(set(names))  # each binding once
+    assert {"X_5", "G_6", "G_7", "E", "X_8"} <= set(names)
+    for later, earlier in (("X_5", "X_4"), ("G_6", "G_7"), ("G_7", "E"), ("E", "X_8")):
+        assert names.index(earlier) < names.index(later)  # a binding comes after what it uses

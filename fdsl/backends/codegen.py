@@ -550,7 +550,7 @@ class Lowering:
                             % (b.op, spec.numpy, e)) from None
 
     def _template(self, b: Term) -> _Ref:
-        args = [self.ref(x) for x in b.args]
+        args = [self._matrix(self.ref(x)) for x in b.args]
         code = self._template_code(b, args)
         return self._new(b, lambda v: "%s = %s" % (v, code), [a.var for a in args])
 
@@ -720,13 +720,20 @@ class Lowering:
             self._emit_stmt(var, "%s = %s > 0" % (var, stored.var), [stored.var])
         return _Ref(var, stored.flip)
 
+    def _matrix(self, ref: _Ref) -> _Ref:
+        """``ref`` as a 1 x 1 array when it is a scalar (a Python number): an argument of a matrix
+        operator (mm, aa, a template) may be a scalar term such as eye(1) = 1 or trace(A)."""
+        if not ref.scalar:
+            return ref
+        return self._new(None, lambda v: "%s = np.full((1, 1), %s)" % (v, ref.var), [ref.var])
+
     def _mm(self, b: Term) -> _Ref:
         a, fa = canon(b.args[0])
         mask = self._mask(a)
         if fa:
             mask = mask.t()
         flip = mask.flip  # compute in the frame where the mask is contiguous
-        x = self.ref(b.args[1])
+        x = self._matrix(self.ref(b.args[1]))
         if flip:
             x = x.t()
         return self._new(b, lambda v: "%s = %s * %s" % (v, mask.var, x.expr()), [mask.var, x.var], flip=flip)
@@ -735,10 +742,10 @@ class Lowering:
         a, fa = canon(b.args[0])
         s = self.softmaxes.get((a, fa))
         if s is None:  # no a(A) in the forward sweep: the softmax once per distinct A
-            arg = self.ref(b.args[0])
+            arg = self._matrix(self.ref(b.args[0]))
             s = self._new(None, lambda v: "%s = _softmax(%s)" % (v, arg.expr()), [arg.var])
             self.softmaxes[(a, fa)] = s
-        x = self.ref(b.args[1])
+        x = self._matrix(self.ref(b.args[1]))
         return self._new(b, lambda v: "%s = _aa_given(%s, %s)" % (v, s.expr(), x.expr()), [s.var, x.var])
 
     # -- the module

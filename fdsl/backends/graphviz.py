@@ -351,7 +351,8 @@ def _load(args):
 
     output_format(args.output)  # a bad extension or target fails before the program is elaborated
     target_of(args.output)
-    return load(args.file, rules=args.rules or ())
+    with slow("reading %s (its definitions are worked out as they are read)" % args.file):
+        return load(args.file, rules=args.rules or ())
 
 
 def _report(done: Rendered, requested, nodes: int) -> int:
