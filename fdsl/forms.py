@@ -100,9 +100,10 @@ def why_not_normal(s: Term):
     if stray:
         x = stray[0]
         if x.op in OPS and OPS[x.op].kind == "function" and not OPS[x.op].differential:
+            params = ", ".join("?" + p for p in "ABCDEFGH"[:len(x.args)])
             return ("d(%s) is left as it is: no rule differentiates the operator %s; add one to ruleset "
-                    "expandAll, e.g. rule d-%s: d(%s(?A)) => ... (examples/tanh.rules shows how)"
-                    % (_short(x, 60), x.op, x.op, x.op))
+                    "differentiate, e.g. rule d-%s: d(%s(%s)) => ... (examples/tanh.rules shows how)"
+                    % (_short(x, 60), x.op, x.op, x.op, params))
         return "d(%s) is left as it is: no rule expands it" % _short(x, 60)
     if not s.has_d:
         return "%s has no differential: normal takes a 1-form, e.g. normal(form(E))" % _short(s, 60)

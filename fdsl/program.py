@@ -434,8 +434,8 @@ class Program:
         if self.rulebook is not None and self.rulebook.has_ruleset(name):
             if len(args) != 1:
                 raise self.error("ruleset %s takes 1 argument, not %d" % (name, len(args)), node)
-            result = self.apply_rules(name, args[0])
-            for before in args[0] if isinstance(args[0], list) else [args[0]]:
+            result = self.apply_rules(name, args[0], check=True)  # normal(A W) in a program: say so
+            for before in _as_list(args[0]):
                 self._check_applies(name, as_term(before, "the argument of %s" % name), node)
             return result
         op = OPS.get(name)
@@ -531,8 +531,10 @@ class Program:
         self.rulebook.load(Path(path))
         self._memo.clear()
 
-    def apply_rules(self, name: str, value):
-        """Apply a ruleset or strategy by name, with this program's trace and step limit."""
+    def apply_rules(self, name: str, value, check: Optional[bool] = None):
+        """Apply a ruleset or strategy by name, with this program's trace and step limit. The
+        result of ``normal``/``backprop`` is checked to be a normal form (``check``; by default
+        when ``value`` is a 1-form: rewriting any other term with them is the caller's business)."""
         from .forms import NotNormal, check_normal, why_not_normal
 
         options = dict(self.options, trace_out=self.trace_out)
@@ -543,8 +545,10 @@ class Program:
             if reason is None:
                 raise
             raise FdslError("%s(...) did not reach a normal form sum_W trace(G_W dW): %s" % (name, reason)) from None
-        if name in NORMAL_FORMS:
-            for w in result if isinstance(result, list) else [result]:
+        if check is None:
+            check = all(isinstance(v, Term) and v.scalar and v.has_d for v in _as_list(value))
+        if check and name in NORMAL_FORMS:
+            for w in _as_list(result):
                 check_normal(w, name)
         return result
 
@@ -589,6 +593,10 @@ class Program:
     def resolve_path(self, path: str) -> Path:
         p = Path(path)
         return p if p.is_absolute() else self.base_dir / p
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 def _described(t: Term) -> str:
