@@ -12,11 +12,15 @@ rank          how many intermediates lie beneath a named term (0 for the first o
               has been unfolded, so intermediates are unfolded from the highest rank down:
               the reverse (topological) order of backpropagation.
 
-``backprop(w)``: expand w with the strategy ``layer`` (stdlib/backprop.rules); weight terms are
-final; for the pending intermediate of highest rank, name its adjoint, replace d(X_i) by the
+``backprop(w)``: name the intermediates the shared graph has (``fdsl.share``: a value used more
+than once, ``encoder_3`` or ``E`` when the program gave it that name), expand w with the strategy
+``layer`` (stdlib/backprop.rules); weight terms are final; for the pending intermediate of highest rank, name its adjoint, replace d(X_i) by the
 differential of X_i's body, expand that one term with ``layer``, and repeat. Each layer is
 expanded once, so the result grows linearly with depth; the rules are the stdlib's, only the
 order of application and the collection step are new.
+
+``normal(w)`` is this shared form whenever w has intermediates, named or found, and the fully
+multiplied-out ``expanded`` form (stdlib/normal.rules) on a term without any.
 """
 
 from __future__ import annotations
@@ -24,14 +28,15 @@ from __future__ import annotations
 from . import terms as T
 from .forms import normal_terms, order
 from .rewrite import builtin_strategy
+from .share import Sharing, found, has_intermediates
 from .terms import Term
 
 
-def _ranks(t: Term) -> dict:
+def _ranks(sharing: Sharing) -> dict:
     """Number of intermediates beneath each node (looking through let bodies)."""
     rank = {}
-    for node in T.postorder(t):
-        below = max((rank[c] for c in node.args), default=0)
+    for node in sharing.postorder():
+        below = max((rank[c] for c in sharing.children(node)), default=0)
         rank[node] = below + (1 if node.op == "let" else 0)
     return rank
 
@@ -51,21 +56,30 @@ def _small(g: Term) -> bool:
 
 @builtin_strategy("backprop", "the shared (reverse-mode) normal form: named adjoints G_i, each layer expanded once")
 def backprop(t: Term, run) -> Term:
+    sharing = Sharing(t)
     finals: dict = {}  # weight -> coefficients
     pending: dict = {}  # intermediate -> coefficients
-    ranks = _ranks(t)
+    ranks = _ranks(sharing)
 
     def absorb(w: Term):
         for x, g in normal_terms(w):
             (pending if x.op == "let" else finals).setdefault(x, []).append(g)
 
-    absorb(run("layer", t))
+    absorb(run("layer", sharing.term))
     while pending:
         x = max(pending, key=lambda v: ranks[v])  # the last intermediate first
         g = T.add(*pending.pop(x))
         name, index = x.data
         if not _small(g):
             g = T.let(adjoint_name(name), index, g)
-        absorb(run("layer", T.make("trace", (T.mul(g, T.d(x.args[0])),))))
+        absorb(run("layer", T.make("trace", (T.mul(g, T.d(sharing.body(x))),))))
     terms = [T.make("trace", (T.mul(T.add(*gs), T.d(w)),)) for w, gs in finals.items()]
     return order(T.add(*terms))
+
+
+@builtin_strategy("normal", "the normal form sum_W trace(G_W dW): shared (backprop) when the term has intermediates, "
+                            "named or found, else the expanded one")
+def normal(t: Term, run) -> Term:
+    if found(t)[0] or has_intermediates(t):
+        return backprop(t, run)
+    return run("expanded", t)

@@ -183,8 +183,18 @@ def _main(argv, result):
 def main(argv=None) -> int:
     """Entry point of the ``fdsl`` command."""
     argv = sys.argv[1:] if argv is None else argv
+    # both are process-wide: set for the worker thread, restored for a caller that goes on
+    limit, stack = sys.getrecursionlimit(), threading.stack_size()
     sys.setrecursionlimit(_RECURSION_LIMIT)
     threading.stack_size(_STACK_BYTES)
+    try:
+        return _run_worker(argv)
+    finally:
+        sys.setrecursionlimit(limit)
+        threading.stack_size(stack)
+
+
+def _run_worker(argv) -> int:
     result: list = []
     finished = threading.Event()
 

@@ -36,12 +36,24 @@ def differentials(t: Term) -> list:
     return [n.args[0] for n in T.postorder(t, descend=lambda n: n.op != "let") if OPS[n.op].differential]
 
 
+_WEIGHT_KEYS: dict = {}  # term -> weight_key (terms are immutable and interned for good)
+
+
 def weight_key(t: Term):
     """Sort key of a summand: the weight under its first differential (name, index)."""
-    ds = differentials(t)
-    if not ds:
+    key = _WEIGHT_KEYS.get(t)
+    if key is None:
+        key = _WEIGHT_KEYS[t] = _weight_key(t)
+    return key
+
+
+def _weight_key(t: Term):
+    for n in T.postorder(t, descend=lambda n: n.op != "let"):  # the first one: stop there
+        if OPS[n.op].differential:
+            x = n.args[0]
+            break
+    else:
         return (0, "", ())
-    x = ds[0]
     if x.op == "sym":
         s = x.data[0]
         return (1, s.name, s.index)

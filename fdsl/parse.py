@@ -213,9 +213,12 @@ class ToAst(Transformer_NonRecursive):
     def string(self, meta, children):
         return self._node("string", meta, value=str(children[0])[1:-1])
 
-    def binding(self, meta, children):
+    def binding(self, meta, children, named=True):
         name, *index, body = children
-        return self._node("binding", meta, (body,), (str(name), tuple(_whole(i) for i in index)))
+        return self._node("binding", meta, (body,), (str(name), tuple(_whole(i) for i in index), named))
+
+    def plain_binding(self, meta, children):
+        return self.binding(meta, children, named=False)
 
     def call(self, meta, children):
         head, *args = children

@@ -21,6 +21,7 @@ import html as _html
 from fractions import Fraction
 
 from .ops import OPS
+from .share import Sharing, printed_names
 from .terms import Term, postorder
 
 SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
@@ -105,7 +106,9 @@ class LatexStyle(Style):
         return base + ("_{%s}" % ",".join(map(str, symbol.index)) if symbol.index else "")
 
     def let(self, name, index):
-        return _latex_name(name) + ("_{%s}" % ",".join(map(str, index)) if index else "")
+        # an intermediate is named after a definition (encoder_3): upright, like an operator name
+        base = name if len(name) == 1 else r"\mathrm{%s}" % name
+        return base + ("_{%s}" % ",".join(map(str, index)) if index else "")
 
     def number(self, value):
         if value.denominator == 1:
@@ -246,59 +249,90 @@ _STYLES = {"text": Style(), "string": StringStyle(), "latex": LatexStyle(), "htm
 _PRINTERS = {name: Printer(style) for name, style in _STYLES.items()}
 
 
+def shown(t: Term) -> Sharing:
+    """``t`` as the printers write it: the shared subterms of ``t`` (``fdsl.share``) become
+    intermediates, so that printing is linear in the graph, never in the tree. The found ones are
+    transparent (written ``N = ...``, they read back as ``t`` itself)."""
+    return Sharing(t, printed_names(t))
+
+
+def bindings(t: Term) -> list:
+    """The intermediates ``t`` refers to, named with := or made by the engine, and found in the
+    shared graph, looking through their bodies, each before the ones that use it; ``t`` itself
+    is not included."""
+    return _lets(shown(t))
+
+
+def _lets(s: Sharing) -> list:
+    return [n for n in s.postorder() if n.op == "let" and n is not s.term]
+
+
+def _op(s: Sharing, n: Term) -> str:
+    # a found intermediate is transparent, like a definition (=); a named one is a let (:=)
+    return "=" if n in s.made else ":="
+
+
 def text(t: Term) -> str:
-    """What ``show`` prints."""
-    return _PRINTERS["text"](t)
+    """What ``show`` prints on one line, without the bindings (see ``text_with_bindings``)."""
+    return _PRINTERS["text"](shown(t).term)
 
 
 def string(t: Term) -> str:
-    """The re-parseable form: ``parse(string(t)) == t``. Named intermediates are written inline,
-    each once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``."""
-    lets = bindings(t) + ([t] if t.op == "let" else [])
-    out = _PRINTERS["string"](t)
+    """The re-parseable form: ``parse(string(t)) == t``. Intermediates are written inline, each
+    once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``; found ones transparently, with ``=``."""
+    p, s = _PRINTERS["string"], shown(t)
+    lets = _lets(s) + ([s.term] if s.term.op == "let" else [])
+    out = p(s.term)
     if not lets:
         return out
-    binds = ", ".join("%s := %s" % (_PRINTERS["string"](n), _PRINTERS["string"](n.args[0])) for n in lets)
-    return "(%s where %s)" % (out, binds)
+    return "(%s where %s)" % (out, ", ".join("%s %s %s" % (p(n), _op(s, n), p(s.body(n))) for n in lets))
 
 
 def latex(t: Term) -> str:
     """LaTeX math (without the surrounding dollars); a long form as an ``aligned`` environment
-    (see ``fdsl.layout``)."""
+    (see ``fdsl.layout``), the bindings after ``\\text{where}``."""
     from .layout import latex_rows
 
-    return latex_rows(t, _PRINTERS["latex"], text) or _PRINTERS["latex"](t)
+    p, s = _PRINTERS["latex"], shown(t)
+    out = latex_rows(s.term, p, _PRINTERS["text"]) or p(s.term)
+    lets = _lets(s)
+    if not lets:
+        return out
+    rows = [r"%s &%s %s" % (p(n), _op(s, n), p(s.body(n))) for n in lets]
+    return r"%s \quad\text{where}\quad \begin{aligned}%s\end{aligned}" % (out, r" \\ ".join(rows))
 
 
 def html(t: Term) -> str:
-    """An HTML fragment in the manual's style."""
-    return _PRINTERS["html"](t)
-
-
-def bindings(t: Term) -> list:
-    """The named intermediates (``let`` nodes) ``t`` refers to, looking through their bodies,
-    each before the ones that use it; ``t`` itself is not included."""
-    return [n for n in postorder(t) if n.op == "let" and n is not t]
+    """An HTML fragment in the manual's style, the bindings after ``where``."""
+    p, s = _PRINTERS["html"], shown(t)
+    out = p(s.term)
+    lets = _lets(s)
+    if not lets:
+        return out
+    return "%s<br>where<br>%s" % (out, "<br>".join("&nbsp;&nbsp;%s %s %s" % (p(n), _op(s, n), p(s.body(n)))
+                                                   for n in lets))
 
 
 def text_with_bindings(t: Term, known=()) -> str:
-    """``text(t)``, then ``where`` and one ``name := body`` line per binding t refers to (those in
-    ``known`` excepted): a shared normal form reads as a few layers, not as its expansion."""
+    """``text(t)`` laid out (``fdsl.layout``), then ``where`` and one ``name := body`` line per
+    binding t refers to (those in ``known`` excepted; ``name = body`` for a found one): a shared
+    form reads as a few layers, not as its expansion."""
     from .layout import text_lines
 
-    lets = [n for n in bindings(t) if n not in known]
-    head = "\n".join(text_lines(t, text))
-    if t.op == "let" and t not in known:
-        head = _binding(t, "")
+    p, s = _PRINTERS["text"], shown(t)
+    lets = [n for n in _lets(s) if n not in known]
+    head = "\n".join(text_lines(s.term, p))
+    if s.term.op == "let" and s.term not in known:
+        head = _binding(p, s, s.term, "")
     if not lets:
         return head
-    return "\n".join([head, "where"] + [_binding(n, "  ") for n in lets])
+    return "\n".join([head, "where"] + [_binding(p, s, n, "  ") for n in lets])
 
 
-def _binding(n: Term, indent: str) -> str:
-    """``N := body``, a long body broken at its sums under its first line."""
+def _binding(p: Printer, s: Sharing, n: Term, indent: str) -> str:
+    """``N := body`` (``N = body`` for a found one), a long body broken at its sums."""
     from .layout import broken
 
-    lead = "%s%s := " % (indent, text(n))
-    body = broken(n.args[0], text)
+    lead = "%s%s %s " % (indent, p(n), _op(s, n))
+    body = broken(s.body(n), p)
     return "\n".join([lead + body[0]] + [" " * len(lead) + line for line in body[1:]])

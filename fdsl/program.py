@@ -27,6 +27,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Optional
 
+from . import share
 from . import terms as T
 from .errors import FdslError
 from .functions import FUNCTIONS, as_int, as_term, describe, render
@@ -137,6 +138,7 @@ class Program:
         if name in self.declared_at and (name in self.dims or name in self.families or name in self.symbols):
             raise FdslError("%s is already declared (%s)" % (name, self.declared_at[name]),
                             self._src[0], line, col, self._src[1])
+        share.reserve(name)
         self.declared_at[name] = "%s at %s:%d" % (what, self._src[0], line)
 
     def _declare_symbols(self, st: Stmt):
@@ -189,11 +191,14 @@ class Program:
         if st.name in self.symbols or st.name in self.dims or st.name in self.families:
             raise FdslError("%s is already declared (%s); a definition needs a name of its own"
                             % (st.name, self.declared_at[st.name]), self._src[0], st.line, st.col, self._src[1])
+        share.reserve(st.name)
         self._record_source(st)
         if st.params is None:
             value = self.evaluate(st.body, {})
             if st.named:
                 value = T.let(st.name, (), as_term(value, "the body of %s" % st.name))
+            else:  # where the graph shares this value, it is an intermediate called by this name
+                share.hint(value, st.name)
             self.definitions[st.name] = value
             self.clauses.pop(st.name, None)
         else:
@@ -395,12 +400,15 @@ class Program:
         return T.sym(Symbol(name, index, fam.kind, fam.value), fam.shape)
 
     def _where(self, node: Node, env: dict):
-        """``(e where N[i] := b, ...)``: each binding a named intermediate, visible to later ones."""
+        """``(e where N[i] := b, M = c, ...)``: each binding visible to later ones; ``:=`` makes a named
+        intermediate, ``=`` is transparent (its value, as a definition)."""
         body, *bindings = node.args
         env = dict(env)
         for b in bindings:
-            name, index = b.value
-            value = T.let(name, index, as_term(self.evaluate(b.args[0], env), "the body of %s" % name))
+            name, index, named = b.value
+            value = as_term(self.evaluate(b.args[0], env), "the body of %s" % name)
+            if named:
+                value = T.let(name, index, value)
             env[(name, index) if index else name] = value
         return self.evaluate(body, env)
 
@@ -521,6 +529,8 @@ class Program:
         if clause.named:
             index = tuple(as_int(a, "an argument of the named definition %s" % name) for a in args)
             value = T.let(name, index, as_term(value, "the body of %s" % name))
+        elif args and all(_is_number(a) and a.denominator == 1 and a >= 0 for a in args):
+            share.hint(value, name, tuple(int(a) for a in args))  # encoder(3) is encoder_3 where shared
         self._memo[key] = value
         return value
 

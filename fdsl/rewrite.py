@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from . import terms as T
 from .errors import FdslError, StepLimit
 from .ops import OPS, ShapeError
-from .patterns import Run, build, heads, match
+from .patterns import Op, Run, Seq, Var, build, builder, heads, matcher, quick_test
 from .terms import Term
 
 DEFAULT_STEP_LIMIT = 2_000_000
@@ -89,13 +89,35 @@ class Rule:
                                      for n, p, a in self.guards)
         return "rule %s: %s => %s%s" % (self.name, self.lhs, self.rhs, g)
 
+    def __post_init__(self):
+        self._quick = quick_test(self.lhs)
+        self._match = matcher(self.lhs)
+        self._build = builder(self.rhs)
+        # guards whose argument is the left side itself or one of its arguments (``has_d(?P... (?A +
+        # ?B...) ?S...)``): decided on the matched term before matching, without building anything
+        self._early, self._late = [], []
+        for negated, pred, arg in self.guards:
+            path = _path_to(self.lhs, arg) if pred in _ORDER_BLIND else None
+            if path is None:
+                self._late.append((negated, pred, None, arg))
+            else:
+                self._early.append((negated, PREDICATES[pred][0], path, arg))
+
     def apply(self, t: Term):
         """The first rewrite of ``t`` by this rule that changes it, or None."""
-        for b in match(self.lhs, t, {}):
-            if not all(PREDICATES[p][0](guard_value(a, b)) != neg for neg, p, a in self.guards):
+        if not self._quick(t):
+            return None
+        for negated, holds, path, _ in self._early:
+            at = t
+            for i in path:
+                at = at.args[i]
+            if holds(at) == negated:
+                return None
+        for b in self._match(t, {}):
+            if not all(_holds(pred, a, b) != negated for negated, pred, _, a in self._late):
                 continue
             try:
-                r = build(self.rhs, b)
+                r = self._build(b)
             except ShapeError as e:
                 raise FdslError("rule %s built an ill-shaped term from %s: %s" % (self.name, t, e),
                                 self.file, self.line) from None
@@ -107,6 +129,44 @@ class Rule:
                                     % ((self.name, t) + tuple(t.shape) + tuple(r.shape)), self.file, self.line)
                 return r
         return None
+
+
+# predicates that read a term the same in any order of its sums' summands: a guard on a part of the
+# left side that is a whole argument can read the matched argument instead of the rebuilt one
+_ORDER_BLIND = {"const", "scalar", "has_d"}
+
+
+def _path_to(lhs, arg):
+    """The argument positions leading from the root of ``lhs`` to the sub-pattern ``arg`` (a tuple),
+    through operator arguments only; None when ``arg`` is no such sub-pattern (or is a variable)."""
+    if isinstance(arg, (Var, Seq)):
+        return None
+    stack = [(lhs, ())]
+    while stack:
+        p, path = stack.pop()
+        if p == arg:
+            return path
+        if isinstance(p, Op):
+            stack.extend((a, path + (i,)) for i, a in enumerate(p.args))
+    return None
+
+
+def _holds(pred: str, a, b) -> bool:
+    """Whether the guard ``pred(a)`` holds under bindings ``b``. An order-blind predicate of a run
+    ?A... reads its items (a product or sum of them has a d, a weight, is a scalar, when one or all
+    of them do) instead of building the run into a term."""
+    name = getattr(a, "name", None)
+    v = b[name] if name is not None else build(a, b)
+    if v.__class__ is Run and v.items and pred in _RUN_PREDICATES:
+        return _RUN_PREDICATES[pred](v)
+    return PREDICATES[pred][0](v)
+
+
+_RUN_PREDICATES = {
+    "has_d": lambda run: any(x.has_d for x in run.items),
+    "const": lambda run: not any(x.has_weight for x in run.items),
+    "scalar": lambda run: all(x.scalar for x in run.items),
+}
 
 
 def guard_value(a, b):
@@ -205,35 +265,50 @@ def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
     """
     redirect: dict = {}  # a node -> what it became (rewritten at its root, or rebuilt)
     active: set = set()  # nodes waiting for the normal form of what they became
+    opaque_ops = {name for name, spec in OPS.items() if spec.opaque}  # a named intermediate keeps its body
+    candidates = index.candidates
+    memo_get = memo.get
     stack = [root]
     while stack:
         t = stack[-1]
         if t in memo:
             stack.pop()
             continue
-        opaque = OPS[t.op].opaque  # a named intermediate keeps the body it was defined with
-        if not opaque:
-            pending = [c for c in t.args if c not in memo]
-            if pending:
-                for c in pending:
-                    if c in active:  # a rewrite led back into a term still being rewritten
-                        stepper.loop(c)
-                stack.extend(pending)
-                continue
         r = redirect.get(t)
         if r is None:
-            r = t if opaque else T.rebuild(t, [memo[c] for c in t.args])
-            if r is t:
-                fired = step_at_root(index, t)
-                if fired is None:
+            opaque = t.op in opaque_ops
+            if not opaque:
+                pending = False
+                for c in t.args:
+                    if c not in memo:
+                        if c in active:  # a rewrite led back into a term still being rewritten
+                            stepper.loop(c)
+                        stack.append(c)
+                        pending = True
+                if pending:
+                    continue
+                # rebuild only when a child changed (most are their own normal form)
+                args = t.args
+                for c in args:
+                    if memo_get(c) is not c:
+                        r = T.rebuild(t, [memo[c] for c in args])
+                        if r is t:
+                            r = None
+                        break
+            if r is None:
+                for rule in candidates(t):
+                    r = rule.apply(t)
+                    if r is not None:
+                        stepper.fire(rule, t, r)
+                        break
+                else:
                     memo[t] = t
                     stack.pop()
                     continue
-                rule, r = fired
-                stepper.fire(rule, t, r)
             redirect[t] = r
-        if r in memo:
-            memo[t] = memo[r]
+        m = memo_get(r)
+        if m is not None:
+            memo[t] = m
             active.discard(t)
             stack.pop()
             continue

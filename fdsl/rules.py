@@ -67,7 +67,12 @@ class _RuleAst(ToAst):
         return self._item("import", meta, path=str(c[0])[1:-1])
 
     def ruleset(self, meta, c):
-        return self._item("ruleset", meta, name=str(c[0]), includes=[str(x) for x in c[1:]])
+        excepts = c[-1] if c and isinstance(c[-1], list) else []
+        names = c[1:-1] if excepts else c[1:]
+        return self._item("ruleset", meta, name=str(c[0]), includes=[str(x) for x in names], excepts=excepts)
+
+    def excepts(self, meta, c):
+        return [str(x) for x in c]
 
     def rule(self, meta, c):
         name, lhs, rhs, *guards = c
@@ -255,6 +260,7 @@ class Ruleset:
     name: str
     rules: list = field(default_factory=list)
     includes: list = field(default_factory=list)
+    excepts: list = field(default_factory=list)  # included rulesets whose rules are left out
     file: str = ""
     line: int = 0
 
@@ -281,7 +287,7 @@ class RuleBook:
     def load(self, *paths) -> None:
         """Load rule files (and what they import); all of them or, on an error, none of them."""
         # what to go back to if a file fails (rulesets are copied: loading appends to them)
-        snapshot = ({k: Ruleset(v.name, list(v.rules), list(v.includes), v.file, v.line)
+        snapshot = ({k: Ruleset(v.name, list(v.rules), list(v.includes), list(v.excepts), v.file, v.line)
                      for k, v in self.rulesets.items()},
                     dict(self.strategies), dict(self.rule_names), list(self.files), dict(O.OPS))
         try:
@@ -337,6 +343,9 @@ class RuleBook:
                 for inc in item["includes"]:
                     if inc not in current.includes:
                         current.includes.append(inc)
+                for exc in item["excepts"]:
+                    if exc not in current.excepts:
+                        current.excepts.append(exc)
             elif kind == "rule":
                 if current is None:
                     raise err("rule %s stands outside a ruleset: start one with 'ruleset NAME'" % item["name"], item)
@@ -467,9 +476,10 @@ class RuleBook:
 
     def _check_references(self):
         for rs in self.rulesets.values():
-            for inc in rs.includes:
+            for inc in rs.includes + rs.excepts:
                 if inc not in self.rulesets:
-                    raise FdslError("ruleset %s includes %s, which is not a ruleset" % (rs.name, inc), rs.file, rs.line)
+                    raise FdslError("ruleset %s %s %s, which is not a ruleset"
+                                    % (rs.name, "includes" if inc in rs.includes else "leaves out", inc), rs.file, rs.line)
         for st in self.strategies.values():
             st.steps = [self._resolve_step(s, st) for s in st.steps]
 
@@ -491,8 +501,9 @@ class RuleBook:
     # ---- queries
 
     def rules_of(self, name: str) -> list:
-        """The rules of a ruleset with those of the rulesets it includes, in order, each once."""
-        out, seen, stack = [], set(), [name]
+        """The rules of a ruleset with those of the rulesets it includes, in order, each once,
+        leaving out the rulesets it excepts (and what only they include)."""
+        out, seen, stack = [], set(self.rulesets[name].excepts), [name]
         order = []
         while stack:  # depth-first over includes, own rules first
             n = stack.pop()
@@ -548,8 +559,8 @@ class RuleBook:
         if name in BUILTIN_STRATEGIES:
             return "strategy %s (built in): %s" % (name, BUILTIN_STRATEGIES[name].doc)
         rs = self.rulesets[name]
-        lines = ["ruleset %s%s  (%s:%d)" % (name, " includes " + ", ".join(rs.includes) if rs.includes else "",
-                                           rs.file, rs.line)]
+        lines = ["ruleset %s%s%s  (%s:%d)" % (name, " includes " + ", ".join(rs.includes) if rs.includes else "",
+                                             " except " + ", ".join(rs.excepts) if rs.excepts else "", rs.file, rs.line)]
         lines += ["  %s  (%s)" % (r, r.where()) for r in rs.rules]
         return "\n".join(lines)
 

@@ -41,8 +41,13 @@ class Term:
         self.data = data
         self.shape = shape
         self.scalar = scalar
-        self.has_d = op == "d" or any(a.has_d for a in args)
-        self.has_weight = (op == "sym" and data[0].kind == "weight") or any(a.has_weight for a in args)
+        has_d = op == "d"
+        has_weight = op == "sym" and data[0].kind == "weight"
+        for a in args:  # a loop, not any(): this runs for every new node
+            has_d = has_d or a.has_d
+            has_weight = has_weight or a.has_weight
+        self.has_d = has_d
+        self.has_weight = has_weight
 
     # identity is equality: the interning table guarantees one object per distinct term
     __hash__ = object.__hash__
@@ -206,8 +211,11 @@ def symbol_of(t: Term) -> Symbol:
 
 def make(op: str, args, data=None) -> Term:
     """Build ``op(args)``: checks arity and shapes, applies the zero law of linear arguments."""
-    spec = OPS[op]
     args = tuple(args)
+    known = _TABLE.get((op, data, args))
+    if known is not None:  # built before from these very arguments: the checks below passed then
+        return known
+    spec = OPS[op]
     if spec.associative:  # flat n-ary operators have their own constructors
         return {"mul": mul, "add": add, "had": hadamard}[op](*args)
     if spec.arity is not None and len(args) != spec.arity:
@@ -241,22 +249,28 @@ _WILD = _Wildcard()
 def mul(*factors: Term) -> Term:
     """The product of ``factors``: flat, numbers multiplied into one leading coefficient, scalars
     first (they commute), units dropped, zero if any factor is zero."""
-    coeff = Fraction(1)
+    known = _TABLE.get(("mul", None, factors))
+    if known is not None:  # already the factors of a product (the result is that product)
+        return known
+    coeff = 1
     scalars, mats = [], []
-    flat = []
-    for f in factors:
-        flat.extend(f.args if f.op == "mul" else (f,))
-    for f in flat:
-        if f.op == "num":
-            coeff *= f.data
-        elif f.scalar:
-            scalars.append(f)
-        else:
-            mats.append(f)
+    for g in factors:
+        for f in (g.args if g.op == "mul" else (g,)):
+            if f.op == "num":
+                coeff *= f.data
+            elif f.scalar:
+                scalars.append(f)
+            else:
+                mats.append(f)
     shape, scalar = OPS["mul"].shape(mats) if mats else ((1, 1), True)
-    if coeff == 0 or any(f.op == "zero" for f in mats):
+    if coeff == 0:
         return zero(shape)
-    kept = [f for f in mats if f.op != "eye"]
+    kept = []
+    for f in mats:
+        if f.op == "zero":
+            return zero(shape)
+        if f.op != "eye":
+            kept.append(f)
     if mats and not kept:
         kept = [mats[0]]  # a product of identities is the identity
     out = ([num(coeff)] if coeff != 1 else []) + scalars + kept
@@ -269,6 +283,9 @@ def mul(*factors: Term) -> Term:
 
 def add(*summands: Term) -> Term:
     """The sum of ``summands``: flat, in the given order, zeros dropped."""
+    known = _TABLE.get(("add", None, summands))
+    if known is not None:  # already the summands of a sum
+        return known
     flat = []
     for s in summands:
         flat.extend(s.args if s.op == "add" else (s,))

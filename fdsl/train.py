@@ -74,9 +74,13 @@ class Trainer:
         self.terms = list(self.coefficients.values()) + ([self.error] if self.error is not None else [])
         self.terms += self.dual.terms() + [t for _, t in self.watches]
         ev = program_evaluator(program)  # draws random values on demand; checks given ones
+        given = program.values if program.values is not None else {}
         self.values: dict = {}
         for name, leaf in symbol_leaves(self.terms).items():
-            self.values[name] = np.array(ev.value(leaf), dtype=np.float64)
+            if name in given and np.ndim(given[name]) == 3:  # a batch of examples, as given (checked)
+                self.values[name] = np.array(given[name], dtype=np.float64)
+            else:
+                self.values[name] = np.array(ev.value(leaf), dtype=np.float64)
         for x in self.coefficients:
             name = x.data[0].printed()
             if name not in self.values:  # a weight only its differential mentions
@@ -90,16 +94,17 @@ class Trainer:
         self.log = Log(columns, metric=self.dual.describe())
 
     def measure(self):
-        """(loss, flows, the record's numbers) at the current values."""
+        """(loss, flows, the record's numbers) at the current values: the loss and the gradients
+        from one sweep of the generated code (for a batch of examples, summed over it)."""
+        from .backends.codegen import compile_gradients
         from .backends.numpy_eval import Evaluator
-        from .backends.numpy_grad import gradients
 
-        # the generated code, as for grad(w) and fdsl grad: one lowering for every gradient
-        grads = gradients(self.program, self.normal, self.values, what=self.what)
-        ev = Evaluator(self.values, self.dims, self.origin)  # loss, metric factors, watches share it
+        fn = compile_gradients(self.normal, self.dims, self.error)
+        ev = Evaluator(self.values, self.dims, self.origin)  # metric factors and watches share it
         if self.error is not None:
-            loss = 0.5 * float(np.sum(ev.value(self.error) ** 2))
+            grads, loss = fn.with_loss(self.values)
         else:
+            grads = fn(self.values)
             loss = math.sqrt(sum(float(np.sum(g ** 2)) for g in grads.values()))
         flows, solves = self.dual(grads, self.values, ev)
         record = [loss] + [measure(ev.value(t)) for _, t in self.watches]

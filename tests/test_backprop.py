@@ -46,7 +46,7 @@ def test_shared_form_is_a_normal_form_of_weights_only():
 def test_expanded_and_shared_forms_give_the_same_numbers(L):
     p = program(L)
     shared = p.apply_rules("backprop", form(p["E"]))
-    expanded = p.apply_rules("normal", form(p["E"]))
+    expanded = p.apply_rules("expanded", form(p["E"]))
     assert weights(shared) == weights(expanded)
     vals = weight_values(p, weights(shared), seed=L)
     a, b = Evaluator(vals, p.dims), Evaluator(vals, p.dims)

@@ -111,7 +111,7 @@ def test_generated_gradients_are_the_derivative_of_the_loss(L):
 @pytest.mark.parametrize("L", [1, 2, 3])
 def test_expanded_and_shared_forms_generate_the_same_numbers(L):
     p = program(L)
-    expanded = p.apply_rules("normal", form(p["E"]))
+    expanded = p.apply_rules("expanded", form(p["E"]))
     w = shared(p)
     vals = weight_values(p, weights(w), seed=20 + L)
     a = codegen.compile_gradients(expanded, p.dims)(vals)
@@ -123,7 +123,7 @@ def test_expanded_and_shared_forms_generate_the_same_numbers(L):
 def test_shared_code_does_less_work_than_expanded_code():
     p = program(3)
     lowered = {name: codegen.Lowering(codegen.gradient_terms(x), p.dims)
-               for name, x in (("expanded", p.apply_rules("normal", form(p["E"]))), ("shared", shared(p)))}
+               for name, x in (("expanded", p.apply_rules("expanded", form(p["E"]))), ("shared", shared(p)))}
     for lowering in lowered.values():
         lowering.lower()
     assert lowered["shared"].flops < lowered["expanded"].flops / 2

@@ -19,7 +19,7 @@ from conftest import EXAMPLES
 def enc():
     p = fdsl.load(EXAMPLES / "encoder2.fd")
     # the error written out (encoder2.fd names it E := ..., which would add a binding to print)
-    p.feed("wn = normal(form(Y - encoder(2)))\nz = forms(Y - encoder(2))")
+    p.feed("wn = normal(form(Y - encoder(2)))\nwe = expanded(form(Y - encoder(2)))\nz = forms(Y - encoder(2))")
     return p
 
 
@@ -37,7 +37,8 @@ def joined(lines):
 def test_the_encoder2_normal_form_prints_one_weight_per_line(enc):
     w = enc["wn"]
     shown = render(w)
-    lines = joined(shown.splitlines())
+    # the shared normal form: one line per weight, then the bindings of E and encoder_1
+    lines = joined(shown.split("\nwhere\n")[0].splitlines())
     weights = forms.weights(w)
     assert len(lines) == len(weights) == 12
     for line, weight in zip(lines, weights):
@@ -49,7 +50,7 @@ def test_the_encoder2_normal_form_prints_one_weight_per_line(enc):
 
 
 def test_long_coefficients_break_at_their_sums(enc):
-    lines = render(enc["wn"]).splitlines()
+    lines = render(enc["we"]).splitlines()  # the expanded normal form: long sums
     starts = [m for m in lines if m.startswith("dK_0: ")]
     assert starts
     i = lines.index(starts[0])
@@ -73,17 +74,19 @@ def test_a_long_form_breaks_between_summands_and_a_matrix_does_not(enc):
 
 
 def test_definitions_break_at_their_sums():
-    deep = fdsl.load(EXAMPLES / "deep.fd")
-    shown = render(deep.expr("coeff(w, K[5])"))
-    lines = shown.splitlines()
-    g7 = next(i for i, line in enumerate(lines) if line.startswith("  G_7 := "))
-    assert lines[g7 + 1].startswith("         + ") and lines[g7 + 2].startswith("         + ")
+    terms = " + ".join("A%d W" % i for i in range(30))
+    p = fdsl.parse("dim n\nconst %s : n x n\nweight W : n x n\nG := %s\n"
+                   % (", ".join("A%d" % i for i in range(30)), terms))
+    lines = render(p.expr("G W")).splitlines()
+    assert lines[:2] == ["G W", "where"] and lines[2].startswith("  G := A0 W + A1 W")
+    assert len(lines) > 3 and all(line.startswith("       + ") for line in lines[3:])
 
 
 def test_latex_of_a_normal_form_is_aligned_one_row_per_weight(enc):
     w = enc["wn"]
-    tex = printers.latex(w)
+    tex, _, where = printers.latex(w).partition(r" \quad\text{where}\quad ")
     assert tex.startswith("\\begin{aligned}\n") and tex.endswith("\n\\end{aligned}")
+    assert r"\mathrm{encoder}_{1} &:= " in where  # the bindings the coefficients refer to
     rows = tex.split(" \\\\\n")
     heads = [r for r in rows if r.lstrip("\\begin{aligned}\n").startswith("\\mathrm{d}") or "&\\colon" in r]
     assert len(heads) == 12
@@ -93,7 +96,7 @@ def test_latex_of_a_normal_form_is_aligned_one_row_per_weight(enc):
 
 def test_latex_of_a_short_term_is_one_formula(enc):
     assert "aligned" not in printers.latex(enc["E"])
-    assert "aligned" not in printers.latex(enc.expr("forms(E, 4)"))
+    assert "aligned" not in printers.latex(enc.expr("forms(Y - encoder(2), 4)"))
     assert "aligned" in printers.latex(enc["z"])
 
 

@@ -98,7 +98,7 @@ def test_normal_form_is_the_derivative_of_the_loss(L):
 ])
 def test_small_normal_forms(text, expected, shown):
     p = fdsl.parse("dim n\nconst A : n x n, B : n x n\nweight W : n x n\nx = " + text)
-    w = p.apply_rules("normal", form(p["x"]))
+    w = p.apply_rules("expanded", form(p["x"]))
     assert printers.text(w) == expected
     assert str(w) == shown
 
@@ -113,7 +113,8 @@ def test_manual_walkthrough_runs_through_the_cli():
     # z[19]: dK_0 trapped in the second argument of mm, then flipped out, then last
     assert "mm(" in out[5] and "dK_0^t" in out[5].split("mm(", 1)[1]
     assert out[7].endswith("X_0 dK_0)") and "dK_0" not in out[7][:-10]
-    assert out[-2] == "true, via m(...) > a(...) > Q_0"
+    # the shared normal form: the path runs through F_0, the first layer's value, used twice
+    assert out[-2] == "true, via F_0 > m(...) > a(...) > Q_0"
 
 
 def test_depends_answers_false_when_the_weight_is_absent():

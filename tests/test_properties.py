@@ -32,7 +32,7 @@ SIZES = {"p": 2, "q": 3}
 DIMS = ("p", "q")
 CONSTS = {sym.shape: sym for sym in (PROGRAM[n] for n in "ABPD")}
 WEIGHTS = {sym.shape: sym for sym in (PROGRAM[n] for n in "UVRZ")}
-STRATEGIES = ("expandAll", "expandmm", "flatten", "shiftmm", "cycle", "collect", "normal")
+STRATEGIES = ("expandAll", "expandmm", "flatten", "shiftmm", "cycle", "collect", "normal", "expanded")
 FORM_STRATEGIES = STRATEGIES + ("backprop",)
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -44,8 +44,6 @@ dims)`` returns the same function in-process, for ``grad`` and training.
 
 from __future__ import annotations
 
-import ast
-import inspect
 import keyword
 import re
 from fractions import Fraction
@@ -53,7 +51,7 @@ from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
 
 
-from . import numpy_runtime
+from .targets import DTYPES, TARGETS
 from .. import forms
 from .. import terms as T
 from ..cli import FILE_HELP, subcommand
@@ -134,7 +132,8 @@ class _Ref(NamedTuple):
     scalar: bool = False
 
     def expr(self) -> str:
-        return self.var + ".T" if self.flip and not self.scalar else self.var
+        # .mT swaps the last two axes (numpy >= 2 and torch alike): a batch of matrices works too
+        return self.var + ".mT" if self.flip and not self.scalar else self.var
 
     def t(self) -> "_Ref":
         return self if self.scalar else _Ref(self.var, not self.flip, False)
@@ -157,7 +156,7 @@ def canon(t: Term) -> tuple:
 
 
 _TEMP = re.compile(r"t\d+\Z")
-_RESERVED = {"np", "values", "float"}
+_RESERVED = {"np", "torch", "values", "float"}
 
 
 # ---- the lowering -------------------------------------------------------------------------------
@@ -166,11 +165,20 @@ _RESERVED = {"np", "values", "float"}
 class Lowering:
     """Lower ``outputs`` (name -> term) to the body of ``grads(values)``; see the module doc."""
 
-    def __init__(self, outputs: Mapping, dims: Optional[Mapping] = None):
+    def __init__(self, outputs: Mapping, dims: Optional[Mapping] = None, target: str = "numpy",
+                 dtype: Optional[str] = None, loss: Optional[Term] = None):
+        if target not in TARGETS:
+            raise FdslError("unknown target %r: the targets are %s" % (target, ", ".join(TARGETS)))
+        if dtype is not None and dtype not in DTYPES:
+            raise FdslError("unknown dtype %r: the dtypes are %s" % (dtype, ", ".join(DTYPES)))
+        self.target, self.dtype = TARGETS[target], dtype
         self.outputs = dict(outputs)
+        self.loss = loss  # E: the module also returns 1/2 ||E||^2 (the loss of form(E))
         self.sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
         self.module_consts: list = []  # (var, code): built once, at import
         self.inputs: list = []  # statements reading values[...]
+        self.array_inputs: dict = {}  # variable -> printed name, of the matrix inputs
+        self.batch_inputs: set = set()  # the variables of inputs that may carry a batch axis
         self.dim_stmts: list = []  # sizes read off input shapes
         self.runtime_consts: list = []  # constants whose shape has a dim known only at call time
         self.body: list = []  # _Stmt, in topological order
@@ -185,7 +193,7 @@ class Lowering:
         self.runtime_dims: dict = {}  # dim name -> variable
         self.let_names: dict = {}  # base -> the name of a let bound to it (X_1, G_7): its variable
         self._comments: dict = {}  # variable -> the binding it computes, for the reader
-        self.nodes = nodes(self.outputs.values())
+        self.nodes = nodes(list(self.outputs.values()) + ([loss] if loss is not None else []))
         for n in self.nodes:
             if n.op == "let":
                 base, flip = canon(n.args[0])
@@ -250,13 +258,13 @@ class Lowering:
         return "(%s)" % ", ".join(p for p, _ in parts), any(r for _, r in parts)
 
     def _constant(self, make: str, shape, hint) -> _Ref:
-        """A constant array ``np.ones(shape)``, ``np.zeros(shape)`` or ``np.eye(rows)`` (``make``),
-        at module level when its size is known."""
+        """A constant array ``ones(shape)``, ``zeros(shape)`` or ``eye(rows)`` (``make``) in the
+        working dtype: built once per dtype (and device) when its size is known."""
         parts = [self._dim_code(side) for side in shape]
         runtime = any(r for _, r in parts)
         args = parts[0][0] if make == "eye" else "(%s)" % ", ".join(p for p, _ in parts)
         var = self._fresh(hint)
-        stmt = (var, "%s = np.%s(%s)" % (var, make, args))
+        stmt = (var, "%s = %s" % (var, self.target.constant(make, args)))
         (self.runtime_consts if runtime else self.module_consts).append(stmt)
         return _Ref(var)
 
@@ -329,6 +337,8 @@ class Lowering:
         for n in self.nodes:
             rank[n] = max((rank[c] for c in n.args), default=0) + (n.op == "let")
         roots = sorted(self.outputs.values(), key=lambda t: rank[t])
+        if self.loss is not None:
+            roots.insert(0, self.loss)  # E: known after the forward sweep
         order, seen = [], set()
         stack = [(canon(t)[0], False) for t in reversed(roots)]
         while stack:
@@ -344,6 +354,13 @@ class Lowering:
                 if child not in seen:
                     stack.append((child, False))
         self.order = order
+        # the bases that vary per example: those computed from a constant input (X0, Y), which
+        # may carry a batch axis; a sum is accumulated into one of them (see _sum)
+        self.batched = set()
+        for b in order:
+            if (b.op == "sym" and self._is_input(b) and b.data[0].kind == "const") or \
+                    any(c in self.batched for c in self._deps(b)):
+                self.batched.add(b)
         # the words of all products, to share their sub-words (counted once per product)
         self.uid = {b: i for i, b in enumerate(order)}
         self.counts: dict = {}
@@ -419,19 +436,23 @@ class Lowering:
             if b not in self.refs:
                 self.refs[b] = self._emit(b)
         results = {}
+        device = ", _dev" if self.target.device else ""
         inputs = {s.target for s in self.inputs}
         handed_out: set = set()
         for name, t in self.outputs.items():
             ref = self.ref(t)
+            # (code without a batch, code with one): a gradient is summed over a batch
             if ref.scalar:
                 shape, _ = self._shape_code(t.shape)
-                results[name] = ("np.full(%s, %s)" % (shape, ref.var), (ref.var,))
+                code = "_full(%s, %s, _nb, _dt%s)" % (shape, ref.var, device)
+                results[name] = ((code, code), (ref.var,))
             elif (ref.var in self._module_vars() or ref.var in self._runtime_const_vars() or ref.var in inputs
                   or ref.var in handed_out):
                 # never hand out a constant, the caller's own array, or one array as two results
-                results[name] = ("%s.copy()" % ref.expr(), (ref.var,))
+                code = "_copy(%s)" % ref.expr()
+                results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
             else:
-                results[name] = (ref.expr(), (ref.var,))
+                results[name] = ((ref.expr(), "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
         return results
 
@@ -464,12 +485,18 @@ class Lowering:
         name = symbol.printed()
         var = self._fresh(name)
         if symbol.kind == "scalar":
-            self.inputs.append(_Stmt(var, "%s = float(np.asarray(values[%r]).reshape(()))" % (var, name), ()))
+            self.inputs.append(_Stmt(var, "%s = _scalar(values, %r)" % (var, name), ()))
             return _Ref(var, False, True)
         self._input_shapes.append((var, shape))
         known = [self.size(side) for side in shape]
         shape_code = "(%s)" % ", ".join(str(s) for s in known) if None not in known else "None"
-        self.inputs.append(_Stmt(var, "%s = _input(values, %r, %s)" % (var, name, shape_code), ()))
+        batched = symbol.kind == "const"  # a constant may vary per example; a weight may not
+        self.array_inputs[var] = name
+        if batched:
+            self.batch_inputs.add(var)
+        device = ", _dev" if self.target.device else ""
+        self.inputs.append(_Stmt(var, "%s = _input(values, %r, %s, %s, _dt%s)" % (var, name, shape_code, batched,
+                                                                                    device), ()))
         return _Ref(var)
 
     def _emit(self, b: Term) -> _Ref:
@@ -529,21 +556,23 @@ class Lowering:
         elif b.op == "pow":
             code = "(%s) ** %r" % (args[0].var, float(b.data))
         elif b.op == "trace":
-            code = "float(np.trace(%s))" % args[0].expr()
+            code = "_trace(%s)" % args[0].expr()
         else:  # a template on 1 x 1 arrays, read back as a number
-            arrays = [_Ref("np.full((1, 1), %s)" % a.var) if a.scalar else a for a in args]
+            arrays = [_Ref(self.target.constant("full", "(1, 1), %s" % a.var)) if a.scalar else a for a in args]
             code = "_as_float(%s)" % self._template_code(b, arrays)
         return self._new(b, lambda v: "%s = %s" % (v, code), uses, scalar=True)
 
     def _template_code(self, b: Term, args) -> str:
         spec = OPS.get(b.op)
-        if spec is None or spec.numpy is None:
-            raise FdslError("operator %s has no numpy implementation, so code cannot be generated for %s"
-                            % (b.op, _short(b)))
+        template = self.target.template(spec, b.op) if spec is not None else None
+        if template is None:
+            raise FdslError("operator %s has no %s implementation, so code cannot be generated for %s%s"
+                            % (b.op, self.target.name, _short(b), "" if self.target.name == "numpy" else
+                               " (its numpy template uses functions torch does not spell the same way)"))
         exprs = [a.expr() for a in args]
         data = repr(float(b.data)) if isinstance(b.data, Fraction) else repr(b.data)
         try:
-            return spec.numpy.format(*exprs, args=", ".join(exprs), args_sum=" + ".join(exprs),
+            return template.format(*exprs, args=", ".join(exprs), args_sum=" + ".join(exprs),
                                      args_had=" * ".join(exprs), value=data, exponent=data)
         except (KeyError, IndexError) as e:
             raise FdslError("the numpy template of operator %s, %r, uses an unknown placeholder %s"
@@ -571,6 +600,7 @@ class Lowering:
             code = ("-%s" % x.expr()) if scale_code == "-1.0" else "%s * %s" % (scale_code, x.expr())
             return self._new(b, lambda v: "%s = %s" % (v, code), [x.var] + scale, flip=flip)
         split = self._plan(word)
+        self._release(word, split)
         key, _ = self._key(word)
         if not scale:
             ref = self._interval(word, split, 0, len(word) - 1, self._hint(b))
@@ -610,6 +640,24 @@ class Lowering:
         b, f = factor
         r = self.refs[b]
         return r.t() if f else r
+
+    def _release(self, word, split):
+        """Count this product out of the sub-words its bracketing does not compute: they are shared
+        with one product fewer than planned (so a later product does not take one of them at a
+        share of its cost that nobody else pays)."""
+        used = set()
+        stack = [(0, len(word) - 1)]
+        while stack:
+            i, j = stack.pop()
+            if i == j:
+                continue
+            used.add(self._key(word[i:j + 1])[0])
+            s = split[i][j]
+            if s is not None:
+                stack += [(i, s), (s + 1, j)]
+        for key in {self._key(word[i:j + 1])[0] for i in range(len(word)) for j in range(i + 1, len(word))} - used:
+            if self.counts.get(key, 0) > 1:
+                self.counts[key] -= 1
 
     def _plan(self, word) -> list:
         """split[i][j]: where the cheapest bracketing of word[i..j] splits it (None: available)."""
@@ -676,13 +724,14 @@ class Lowering:
         b, _ = factor
         return b.op == "sym" and b.data[0].value == "ones"
 
-    @staticmethod
-    def _sum_axis(ref: _Ref, axis: int, expr: str) -> str:
+    def _sum_axis(self, ref: _Ref, axis: int, expr: str) -> str:
+        """The sum of the columns (axis 0) or rows (axis 1) of a matrix, kept 2-d; counted from
+        the end (-2, -1), so that a batch of matrices is summed matrix by matrix."""
         if expr != ref.expr():  # scaled: sum the expression as it is
-            return "(%s).sum(axis=%d, keepdims=True)" % (expr, axis)
+            return self.target.sum_axis("(%s)" % expr, axis - 2)
         if ref.flip:  # sum the stored array along the other axis: contiguous, then a view
-            return "%s.sum(axis=%d, keepdims=True).T" % (ref.var, 1 - axis)
-        return "%s.sum(axis=%d, keepdims=True)" % (ref.var, axis)
+            return self.target.sum_axis(ref.var, -1 - axis) + ".mT"
+        return self.target.sum_axis(ref.var, axis - 2)
 
     # -- sums and the derivatives of relu and softmax
 
@@ -694,20 +743,29 @@ class Lowering:
             ref = self.ref(t)
             if flip:
                 ref = ref.t()
-            parts.append((broadcast, sign < 0, ref))
-        parts.sort(key=lambda p: (p[0], p[1]))  # full positive, full negative, rows: the first is full
-        broadcast0, negative0, first = parts[0]
-        uses = [r.var for _, _, r in parts]
-        if broadcast0:  # only rows: start from zeros
-            shape, _ = self._shape_code(b.shape if not flip else b.shape[::-1])
-            head, rest = "np.zeros(%s)" % shape, parts
+            parts.append((broadcast, sign < 0, ref, canon(t)[0] in self.batched))
+        # full positive, full negative, rows: the first is full; among them, one that may carry a
+        # batch axis first, so that the rest can be added in place into it
+        parts.sort(key=lambda p: (p[0], not p[3], p[1]))
+        broadcast0, negative0, first, _ = parts[0]
+        uses = [p[2].var for p in parts]
+        if broadcast0:  # only rows: start from zeros of the full shape
+            zeros = self._constant("zeros", b.shape if not flip else b.shape[::-1], "zeros")
+            uses.append(zeros.var)
+            head, rest = zeros.var, parts
         elif negative0:
             head, rest = "-%s" % first.expr(), parts[1:]
         else:
-            (_, neg1, second), rest = parts[1], parts[2:]
+            (_, neg1, second, _), rest = parts[1], parts[2:]
             head = "%s %s %s" % (first.expr(), "-" if neg1 else "+", second.expr())
+        if rest and any(p[3] for p in rest) and (broadcast0 or not parts[0][3]):
+            # the head has no batch axis but a later part may: add that one out of place
+            i = next(i for i, p in enumerate(rest) if p[3])
+            _, negative, r, _ = rest[i]
+            head = "%s %s %s" % (head, "-" if negative else "+", r.expr())
+            rest = rest[:i] + rest[i + 1:]
         ref = self._new(b, lambda v: "%s = %s" % (v, head), uses, flip=flip)
-        for _, negative, r in rest:
+        for _, negative, r, _ in rest:
             self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
         return ref
 
@@ -756,14 +814,30 @@ class Lowering:
     def _runtime_const_vars(self) -> set:
         return {v for v, _ in self.runtime_consts}
 
-    def function_body(self, results) -> list:
-        """The lines of ``grads``'s body: inputs, dims, constants, the sweep with deletions, return."""
+    def function_body(self, results, loss=None, name="grads") -> list:
+        """The lines of the sweep's body (the function ``name``): dtype, inputs, dims, constants,
+        the sweep with deletions, return (with ``loss``, the code of 1/2 ||E||^2, the pair
+        (gradients, loss))."""
         inputs = sorted(self.inputs, key=lambda s: _natural(s.target))
-        lines = [s.code for s in inputs] + [s.code for s in self.dim_stmts]
+        dev = ", _dev" if self.target.device else ""
+        lines = ["%s = _dtype(values, INPUTS, DTYPE)" % ("_dt, _dev" if dev else "_dt")]
+        lines += [s.code for s in inputs]
+        examples = [s.target for s in inputs if s.target in self.batch_inputs]
+        lines.append("_nb = _batch(%s)" % ", ".join(examples) if examples else "_nb = 0")
+        if self.target.pieces and examples:
+            # a large batch goes through in pieces of a few examples (see targets: pieces)
+            lines.append("if _nb and _piece(_nb, EXAMPLE_SIZE, _dt):\n"
+                         "    return _in_pieces(%s, values, EXAMPLES, _piece(_nb, EXAMPLE_SIZE, _dt))" % name)
+        lines += [s.code for s in self.dim_stmts]
+        if self.module_consts:
+            targets = [v for v, _ in self.module_consts]
+            lines.append("%s = _constants(_dt%s)" % (", ".join(targets) + ("," if len(targets) == 1 else ""), dev))
         lines += [code for _, code in self.runtime_consts]
         keep = set(v for v, _ in self.module_consts) | {s.target for s in self.inputs}
         keep |= {s.target for s in self.dim_stmts} | self._runtime_const_vars()
         returned = {u for _, uses in results.values() for u in uses}
+        if loss is not None:
+            returned |= set(loss[1])
         last = {}
         for i, s in enumerate(self.body):
             for u in s.uses:
@@ -777,34 +851,83 @@ class Lowering:
                            and u != s.target})
             if dead:
                 lines.append("del " + ", ".join(dead))
-        items = ["%r: %s" % (name, code) for name, (code, _) in results.items()]
-        lines.append("return {%s}" % ", ".join(items) if len(items) < 2 else
-                     "return {\n" + "".join("    %s,\n" % i for i in items) + "}")
+
+        def returned_value(batched: bool) -> str:
+            items = ["%r: %s" % (name, code[batched]) for name, (code, _) in results.items()]
+            value = "{%s}" % ", ".join(items) if len(items) < 2 else "{\n" + "".join("    %s,\n" % i for i in items) + "}"
+            return "return " + (value if loss is None else "%s, %s" % (value, loss[0]))
+
+        if examples:  # a batch: every gradient summed over it (one test, not one per gradient)
+            lines.append("if _nb:\n" + _indent(returned_value(True)))
+        lines.append(returned_value(False))
         return lines
 
-    def source(self, docstring: str) -> str:
-        """The generated module."""
+    def example_size(self) -> int:
+        """Entries of the largest array that one example's sweep makes (dims without a size
+        guessed), for cutting a batch into pieces."""
+        return max((self._guess(b.shape[0]) * self._guess(b.shape[1]) for b in self.batched if b.shape),
+                   default=1)
+
+    def input_names(self) -> list:
+        """The printed names of the array inputs, in the order the module reads them."""
+        return [self.array_inputs[s.target] for s in sorted(self.inputs, key=lambda s: _natural(s.target))
+                if s.target in self.array_inputs]
+
+    def source(self, docstring: str, extra: str = "") -> str:
+        """The generated module (``extra``: more of it, after the functions)."""
         results = self.lower()
+        loss = None
+        if self.loss is not None:
+            ref = self.ref(self.loss)
+            loss = ("_half_sq(%s, _nb)" % ref.expr(), (ref.var,))
         for base, name in self.let_names.items():
             ref = self.refs.get(base)
             if ref is not None and not ref.scalar:
                 self._comments.setdefault(ref.var, "%s := %s" % (name, _short(base, 110)))
-        out = ['"""%s"""' % docstring.replace('"""', "'''"), "", "import numpy as np", "", ""]
-        out.append("# ---- runtime helpers (fdsl.backends.numpy_runtime) " + "-" * 44)
+        target = self.target
+        out = ['"""%s"""' % docstring.replace('"""', "'''"), ""] + list(target.imports) + ["", ""]
+        out.append("# ---- runtime helpers (fdsl.backends.%s_runtime) " % target.name + "-" * (46 - len(target.name)))
         out.append("")
-        out.append(runtime_helpers())
+        out.append(target.runtime())
         out.append("")
         out.append("")
         out.append("# ---- constants " + "-" * 80)
         out.append("")
-        out.extend(code for _, code in self.module_consts)
+        out.append("DTYPE = %s  # None: compute in the dtype of the inputs" % target.dtype_code(self.dtype))
+        names = self.input_names()
+        out.append("INPUTS = %r  # the array inputs" % (tuple(names),))
+        if target.pieces and self.batch_inputs:
+            out.append("EXAMPLES = %r  # the inputs that may carry a batch axis"
+                       % (tuple(self.array_inputs[v] for v in sorted(self.batch_inputs, key=_natural)),))
+            out.append("EXAMPLE_SIZE = %d  # entries of the largest array of one example" % self.example_size())
+        if self.module_consts:
+            dev = ", _dev" if target.device else ""
+            out += ["_CONSTANTS: dict = {}", "", "",
+                    "def _constants(_dt%s):" % dev,
+                    '    """The constant arrays, built once per dtype%s."""' % (" and device" if dev else ""),
+                    "    got = _CONSTANTS.get(%s)" % ("(_dt, _dev)" if dev else "_dt"),
+                    "    if got is None:"]
+            out += ["        " + code for _, code in self.module_consts]
+            targets = [v for v, _ in self.module_consts]
+            out.append("        got = _CONSTANTS[%s] = (%s)" % ("(_dt, _dev)" if dev else "_dt",
+                                                         ", ".join(targets) + ("," if len(targets) == 1 else "")))
+            out.append("    return got")
         out.append("")
         out.append("")
+        body = [("    " + line).rstrip() if "\n" not in line else _indent(line)
+                for line in self.function_body(results, loss, "grads_and_loss" if loss is not None else "grads")]
+        if loss is not None:
+            out.append("def grads_and_loss(values: dict):")
+            out.append('    """(every gradient G_W^t by printed weight name, the loss 1/2 ||E||^2), from one sweep."""')
+            out.extend(body)
+            out += ["", ""]
+            body = ["    return grads_and_loss(values)[0]"]
         out.append("def grads(values: dict) -> dict:")
         out.append('    """Every gradient G_W^t of the form, by printed weight name; values: arrays by printed '
                    'name."""')
-        out.extend(("    " + line).rstrip() if "\n" not in line else _indent(line)
-                   for line in self.function_body(results))
+        out.extend(body)
+        if extra:
+            out += ["", "", extra.rstrip()]
         out.append("")
         return "\n".join(out)
 
@@ -818,39 +941,68 @@ def _indent(block: str) -> str:
     return "\n".join(("    " + line).rstrip() for line in block.split("\n"))
 
 
-_EXTRA_HELPERS = '''
-
-def _input(values, name, shape):
-    """values[name] as a float64 matrix of the declared shape (as given when it already is one)."""
-    x = values[name]
-    if type(x) is not np.ndarray or x.dtype != np.float64 or (shape is not None and x.shape != shape):
-        x = np.asarray(x, dtype=np.float64)
-        if shape is not None and x.shape != shape:
-            if x.size != shape[0] * shape[1]:
-                raise ValueError("%s has shape %s, not %s" % (name, x.shape, shape))
-            x = x.reshape(shape)
-        elif x.ndim != 2:
-            raise ValueError("%s has shape %s: values are matrices" % (name, x.shape))
-    return x
-
-
-def _as_float(x):
-    return float(np.asarray(x).reshape(()))
-'''
-
-
-def runtime_helpers() -> str:
-    """The runtime helpers' source (without their module docstring and import), and the generated
-    module's own input helpers."""
-    source = inspect.getsource(numpy_runtime)
-    tree = ast.parse(source)
-    first = next(n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
-                 and not isinstance(n, (ast.Import, ast.ImportFrom)))
-    lines = source.splitlines()[first.lineno - 1:]
-    return "\n".join(lines).rstrip() + "\n" + _EXTRA_HELPERS.rstrip()
-
-
 # ---- the API: source, compiled function ---------------------------------------------------------
+
+
+_TORCH_TRAINING = '''# ---- training with torch -----------------------------------------------------------------------
+
+WEIGHTS = %(weights)r  # the weights, in the order of their gradients
+SHAPES = %(shapes)r  # None: a dim read off the values
+DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one
+
+
+class FdslLoss(torch.autograd.Function):
+    """L = 1/2 ||E||^2 whose backward is fdsl's closed-form gradient: the forward is the generated
+    sweep (it computes the gradients with the loss, without recording a graph) and the backward
+    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient. Inputs that are not weights
+    (the data) get no gradient."""
+
+    @staticmethod
+    def forward(ctx, scalars, *tensors):
+        values = dict(scalars)
+        values.update(zip(INPUTS, tensors))
+        g, value = grads_and_loss(values)
+        ctx.grads = g
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        g = ctx.grads
+        del ctx.grads
+        return (None,) + tuple(-grad_loss * g[name] if name in g else None for name in INPUTS)
+
+
+def loss(values: dict):
+    """L = 1/2 ||E||^2 at ``values`` (tensors by printed name; a batch axis on the data sums the
+    loss over it), differentiable in the weights through fdsl's closed-form gradient:
+    ``loss(values).backward()`` fills the ``.grad`` of the weight tensors that require it."""
+    scalars = {name: v for name, v in values.items() if name not in INPUTS}
+    return FdslLoss.apply(scalars, *(values[name] for name in INPUTS))
+
+
+class Model(torch.nn.Module):
+    """The weights as parameters, and ``forward(**data)`` the loss: a module for optimisers,
+    torch.compile and DistributedDataParallel. ``weights``: initial values by name (default:
+    normal entries scaled by 1/sqrt(rows), as fdsl's ``random`` draws them)."""
+
+    def __init__(self, weights=None, dtype=torch.float64, device=None, generator=None):
+        super().__init__()
+        for name in WEIGHTS:
+            if weights is not None and name in weights:
+                value = torch.as_tensor(weights[name], dtype=dtype, device=device).clone()
+            else:
+                shape = SHAPES[name]
+                if None in shape:
+                    raise ValueError("the shape of %%s has a dim without a size: give its initial value" %% name)
+                value = torch.randn(shape, dtype=dtype, device=device, generator=generator) / shape[0] ** 0.5
+            self.register_parameter(name, torch.nn.Parameter(value))
+
+    def forward(self, **data):
+        values = dict(data)
+        for name in WEIGHTS:
+            values[name] = getattr(self, name)
+        return loss(values)
+'''
 
 
 def generate(outputs: Mapping, dims: Optional[Mapping] = None, docstring: str = "Generated by fdsl.") -> str:
@@ -858,15 +1010,29 @@ def generate(outputs: Mapping, dims: Optional[Mapping] = None, docstring: str = 
     return Lowering(outputs, dims).source(docstring)
 
 
-def gradients_source(w: Term, dims: Optional[Mapping] = None, origin: str = "") -> str:
-    """The source of a module computing every gradient G_W^t of the normal form ``w``."""
+def gradients_source(w: Term, dims: Optional[Mapping] = None, origin: str = "", target: str = "numpy",
+                     dtype: Optional[str] = None, error: Optional[Term] = None) -> str:
+    """The source of a module computing every gradient G_W^t of the normal form ``w`` with
+    ``target`` (numpy or torch), in ``dtype`` (None: the inputs'). With ``error`` E (``w`` is
+    form(E)) the module computes the loss 1/2 ||E||^2 in the same sweep, and a torch module gets
+    the autograd Function and the Module that use it."""
     outputs = gradient_terms(w)
-    lines = ["Gradients generated by fdsl codegen%s." % (" from %s" % origin if origin else ""), ""]
+    lib = TARGETS[target].name if target in TARGETS else target
+    lines = ["Gradients generated by fdsl codegen%s (target %s)." % (" from %s" % origin if origin else "", lib), ""]
     lines.append("grads(values) returns, for every weight W of the normal form w = sum_W trace(G_W d(W)),")
     lines.append("its gradient G_W^t (shaped like W), by printed name: %s." % _wrap(", ".join(outputs)))
     lines.append("For w = form(E) = -trace(E^t d(E)) that is -dL/dW for L = 1/2 ||E||^2, the descent direction.")
+    if error is not None:
+        lines.append("grads_and_loss(values) returns (grads(values), L) from the same sweep.")
     lines.append("")
-    lines.append("values: float64 arrays by printed symbol name (2-d, the declared shapes; scalars as numbers).")
+    kind = "tensors (any device)" if lib == "torch" else "arrays"
+    lines.append("values: %s by printed symbol name (the declared shapes; scalars as numbers). The code" % kind)
+    lines.append("computes in %s." % ("the dtype of its inputs: float32 if every input is float32, else float64"
+                                      if dtype is None else dtype + " (generated with --dtype %s)" % dtype))
+    lines.append("A constant that varies per example (%s) may carry a leading batch axis, (batch, rows, cols):"
+                 % ", ".join(sorted(n.data[0].printed() for n in nodes(outputs.values()) if n.op == "sym"
+                                    and n.data[0].kind == "const" and n.data[0].value is None)) or "none here")
+    lines.append("the gradients are then those of the loss summed over the batch.")
     needed = sorted({n.data[0].printed() for n in nodes(outputs.values())
                      if n.op == "sym" and n.data[0].kind != "dim" and n.data[0].value is None})
     lines.append("Needed: %s." % _wrap(", ".join(needed)))
@@ -874,8 +1040,31 @@ def gradients_source(w: Term, dims: Optional[Mapping] = None, origin: str = "") 
     if known:
         lines.append("Dims baked in: %s." % ", ".join("%s = %d" % kv for kv in sorted(known.items())))
     lines.append("One forward and one backward sweep: each distinct subterm once, in topological order.")
-    lines.append("Imports only numpy.")
-    return generate(outputs, dims, "\n".join(lines) + "\n")
+    lines.append("Imports only %s." % lib)
+    lowering = Lowering(outputs, dims, target, dtype, loss=error)
+    extra = ""
+    if lib == "torch":
+        if error is not None:
+            extra = _torch_training(lowering, outputs, dims)
+        else:
+            lines.append("The form is not form(E) for a named E, so there is no loss, Function or Module here.")
+    else:
+        lines.append("")
+    return lowering.source("\n".join(lines) + "\n", extra)
+
+
+def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping]) -> str:
+    """The autograd Function and Module of a torch module: torch training loops use them."""
+    sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int)}
+
+    def shape(leaf):
+        return tuple(side if isinstance(side, int) else sizes.get(side) for side in leaf.data[1])
+
+    leaves = {n.data[0].printed(): n for n in lowering.nodes if n.op == "sym"}
+    shapes = {name: shape(leaves[name]) for name in outputs if name in leaves}
+    data = {name: shape(leaves[name]) for name in lowering.input_names()
+            if leaves[name].data[0].kind == "const"}
+    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "data": data}
 
 
 def _wrap(s: str, width: int = 96) -> str:
@@ -895,24 +1084,34 @@ _COMPILED: dict = {}
 
 def compile_source(source: str, filename: str = "<fdsl generated>"):
     """Execute generated source in a fresh namespace; its ``grads`` function."""
-    namespace: dict = {"__name__": "fdsl_generated"}
-    exec(compile(source, filename, "exec"), namespace)
-    return namespace["grads"]
+    return compile_namespace(source, filename)["grads"]
 
 
-def compile_gradients(w: Term, dims: Optional[Mapping] = None):
+def compile_gradients(w: Term, dims: Optional[Mapping] = None, error: Optional[Term] = None):
     """``grads(values) -> {printed weight name: G_W^t}`` for the normal form ``w``, from the same
-    generated source as ``fdsl codegen`` (cached per form and dims). Dims not given (or without a
-    size) are read off the shapes of the values. A missing value or a value of the wrong shape is
-    an FdslError; ``grads.source`` is the generated module, ``grads.generated`` its function."""
-    key = (w, tuple(sorted((k, v) for k, v in (dims or {}).items() if isinstance(v, int))))
+    generated source as ``fdsl codegen`` (cached per form, dims and error). Dims not given (or
+    without a size) are read off the shapes of the values; constants may carry a batch axis. A
+    missing value or a value of the wrong shape is an FdslError; ``grads.source`` is the generated
+    module, ``grads.generated`` its function. With ``error`` E, ``grads.with_loss(values)`` is
+    (the gradients, 1/2 ||E||^2) from one sweep."""
+    key = (w, tuple(sorted((k, v) for k, v in (dims or {}).items() if isinstance(v, int))), error)
     fn = _COMPILED.get(key)
     if fn is None:
         if len(_COMPILED) > 64:
             _COMPILED.clear()
-        source = gradients_source(w, dims)
-        fn = _COMPILED[key] = _checked(compile_source(source), source)
+        source = gradients_source(w, dims, error=error)
+        namespace = compile_namespace(source)
+        fn = _COMPILED[key] = _checked(namespace["grads"], source)
+        if error is not None:
+            fn.with_loss = _checked(namespace["grads_and_loss"], source)
     return fn
+
+
+def compile_namespace(source: str, filename: str = "<fdsl generated>") -> dict:
+    """Execute generated source in a fresh namespace, and return it."""
+    namespace: dict = {"__name__": "fdsl_generated"}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace
 
 
 def _checked(generated, source):
@@ -946,6 +1145,7 @@ def _cmd_codegen(args) -> int:
     from ..cli import set_limits
     from ..program import load
     from ..statements import target_of
+    from ..train import error_of
     from .numpy_grad import form_named
 
     target_of(args.output)  # a path that cannot be written fails before the work
@@ -955,22 +1155,33 @@ def _cmd_codegen(args) -> int:
     if not forms.normal_terms(w):
         raise FdslError("%s is 0: it has no gradients to generate code for" % name, file="--form")
     origin = "form %s of %s" % (name, args.file)
-    source = gradients_source(w, program.dims, origin)
+    error = error_of(form_named(program, name))
+    source = gradients_source(w, program.dims, origin, args.target, args.dtype, error)
     out = Path(args.output)
     atomic_write(out, lambda tmp: tmp.write_text(source))
-    print("wrote %s: grads(values) for %d weight%s" % (out, len(gradient_terms(w)),
-                                                      "" if len(gradient_terms(w)) == 1 else "s"))
+    count = len(gradient_terms(w))
+    made = "grads(values)" + (", grads_and_loss(values)" if error is not None else "")
+    if args.target == "torch" and error is not None:
+        made += ", loss(values), FdslLoss and Model"
+    print("wrote %s: %s for %d weight%s" % (out, made, count, "" if count == 1 else "s"))
+    if args.target == "torch" and error is None:
+        print("note: %s is not form(E) of a term E, so the module has no loss, FdslLoss or Model "
+              "(give --form 'form(E)')" % name)
     return 0
 
 
 @subcommand
 def _register(sub):
-    p = sub.add_parser("codegen", help="write a standalone numpy module computing every gradient of a 1-form")
+    p = sub.add_parser("codegen", help="write a standalone numpy (or torch) module computing every gradient of a 1-form")
     p.add_argument("file", help=FILE_HELP)
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) or an "
                    "expression; normalised with backprop unless it already is a normal form")
     p.add_argument("-o", "--output", required=True, metavar="grads.py", help="where to write the module")
     p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    p.add_argument("--target", choices=sorted(TARGETS), default="numpy", help="the library the module computes "
+                   "with (default numpy; torch: plain torch functions, an autograd Function and a Module)")
+    p.add_argument("--dtype", choices=DTYPES, help="compute in this dtype whatever the inputs' (default: the "
+                   "inputs' dtype, float32 when every input is float32, else float64)")
     from ..cli import add_limit_options
 
     add_limit_options(p)

@@ -263,6 +263,10 @@ class Evaluator:
                 continue
             if name in self.values:
                 self._bound[name] = conform(name, self.values[name], symbol, shape, self.dims, self.origin)
+                if self._bound[name].ndim == 3:
+                    raise FdslError("%s holds a batch of %d examples: eval works on one example (give a %s "
+                                    "array); grad, train and generated code take batches"
+                                    % (name, self._bound[name].shape[0], shape_str(self._bound[name].shape[1:])))
 
 
 class NotDifferentiable(FdslError):
@@ -287,6 +291,15 @@ def conform(name: str, array, symbol: Symbol, shape, dims: dict, origin: dict, s
         array = array.reshape(1, -1)
     elif array.ndim == 1 and cols == 1:
         array = array.reshape(-1, 1)
+    if array.ndim == 3 and symbol.kind == "const" and array.shape[0] > 0:
+        # a batch of examples, (batch, rows, cols): generated code (grad, train, codegen) sums the
+        # gradients over it; the rows and columns are checked as for one example
+        try:
+            conform(name, array[0], symbol, shape, dims, origin, source)
+        except FdslError as e:
+            raise FdslError("%s (a batch of %d examples, shape %s)" % (e.message, array.shape[0], array.shape),
+                            e.file) from None
+        return array
     if array.ndim != 2:
         raise FdslError("the value of %s%s has shape %s, but %s is declared %s: values are matrices"
                         % (name, where, array.shape, name, _declared(shape, dims)))
@@ -471,8 +484,9 @@ def _check_npz(path: Path) -> None:
                     shape, _, dtype = np.lib.format.read_array_header_2_0(f)
             if dtype.kind not in "biuf":
                 raise FdslError("%s in this values file must hold real numbers, not %s" % (name, dtype), file=str(path))
-            if len(shape) > 2:
-                raise FdslError("%s in this values file has shape %s; values are matrices" % (name, shape), file=str(path))
+            if len(shape) > 3:  # 3: a batch of examples of a constant (checked against its declaration)
+                raise FdslError("%s in this values file has shape %s; values are matrices (or batches of them, "
+                                "(batch, rows, cols), for constants)" % (name, shape), file=str(path))
             total += int(np.prod(shape, dtype=object)) * max(dtype.itemsize, 8)  # read, then made float64
     try:
         check_allocation(total, "the arrays of this values file")
@@ -504,9 +518,6 @@ def read_npz(path: Path) -> dict:
     for name, array in arrays.items():
         if array.dtype.kind not in "biuf":
             raise FdslError("%s in this values file must hold real numbers, not %s" % (name, array.dtype),
-                            file=str(path))
-        if array.ndim > 2:
-            raise FdslError("%s in this values file has shape %s; values are matrices" % (name, array.shape),
                             file=str(path))
     return arrays
 

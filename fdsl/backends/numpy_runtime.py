@@ -26,10 +26,12 @@ import numpy as np
 
 def _softmax(A):
     """Row-wise softmax, stable: the row maximum is subtracted before exponentiating."""
-    A = np.asarray(A, dtype=np.float64)
-    e = A - A.max(axis=1, keepdims=True)
+    A = np.asarray(A)
+    if A.dtype.kind != "f":  # computed in the dtype of its argument (float32 stays float32)
+        A = A.astype(np.float64)
+    e = A - A.max(axis=-1, keepdims=True)  # rows are the last axis: a batch of matrices works too
     np.exp(e, out=e)  # in place: one n x n array instead of three
-    e /= e.sum(axis=1, keepdims=True)
+    e /= e.sum(axis=-1, keepdims=True)
     return e
 
 
@@ -45,8 +47,8 @@ def _aa(A, B):
 
 def _aa_given(S, B):
     """aa(A, B) from S = softmax(A) (generated code computes S once per A, or reuses a(A))."""
-    out = B - (S * B).sum(axis=1, keepdims=True)
-    out *= S
+    out = S * B  # as large as the larger of S and B: either may have a batch axis the other lacks
+    out -= S * out.sum(axis=-1, keepdims=True)
     return out
 
 

@@ -1,0 +1,242 @@
+"""Targets of generated code: how the one lowering of ``fdsl.backends.codegen`` is written out for
+numpy or for torch.
+
+Vocabulary
+----------
+target    the library the generated module computes with (``numpy``, ``torch``): its import, its
+          runtime helpers (copied into the module), and the few spellings in which the two differ
+          (sums along an axis, constant arrays, copies, the operator templates).
+dtype     generated code computes in the dtype of its inputs: float32 when every array input is
+          float32, float64 otherwise; a module generated with ``--dtype`` casts its inputs to that
+          one. Constants (ones, identities, zeros) are built in that dtype (and, for torch, on the
+          inputs' device), once per dtype and device.
+batch     a constant that varies per example (a ``const`` without a built-in value: ``X0``, ``Y``)
+          may carry a leading batch axis, ``(batch, rows, cols)``. Weights and scalars may not.
+          The generated code is the same: products are batched matmuls, transposes swap the last
+          two axes (``.mT``), rows are the last axis; each gradient is summed over the batch (the
+          gradient of the summed loss), a part of it that no example changes counted once per
+          example.
+pieces    numpy goes through a large batch a few examples at a time (``_piece``, ``_in_pieces``),
+          summing the pieces' gradients: arrays of a whole batch are allocated from fresh pages
+          (glibc's malloc maps anything above 128 KiB afresh) and fall out of the caches, which
+          costs more than the Python of a sweep per piece. torch keeps its own allocator: whole.
+
+Everything else, the order of computation, the bracketing of products, what is shared, is the
+lowering's and the same for every target, so the differential fuzzer of the numpy target covers
+the torch target's structure too.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+from . import numpy_runtime
+
+DTYPES = ("float32", "float64")
+
+
+class Target:
+    """The numpy target; ``TorchTarget`` overrides what differs."""
+
+    name = "numpy"
+    imports = ("import numpy as np",)
+    device = ""  # extra arguments of the constants (torch: the device)
+    pieces = True  # a large batch is cut into pieces (see the module doc)
+
+    def dtype_code(self, dtype) -> str:
+        return "None" if dtype is None else "np.%s" % dtype
+
+    def sum_axis(self, expr: str, axis: int) -> str:
+        return "%s.sum(axis=%d, keepdims=True)" % (expr, axis)
+
+    def constant(self, make: str, args: str) -> str:
+        """``np.ones(shape)``, ``np.zeros(shape)``, ``np.eye(rows)`` in the working dtype."""
+        return "np.%s(%s, dtype=_dt)" % (make, args)
+
+    def template(self, op_spec, op: str):
+        """The operator's template for this target (None: it has none)."""
+        return op_spec.numpy
+
+    def runtime(self) -> str:
+        """The helpers' source, without their module docstring and imports."""
+        return _body(inspect.getsource(numpy_runtime)) + "\n" + _NUMPY_HELPERS.rstrip()
+
+
+class TorchTarget(Target):
+    name = "torch"
+    imports = ("import torch",)
+    device = ", device=_dev"
+    pieces = False
+
+    def dtype_code(self, dtype) -> str:
+        return "None" if dtype is None else "torch.%s" % dtype
+
+    def sum_axis(self, expr: str, axis: int) -> str:
+        return "%s.sum(dim=%d, keepdim=True)" % (expr, axis)
+
+    def constant(self, make: str, args: str) -> str:
+        if make == "eye":
+            return "torch.eye(%s, dtype=_dt, device=_dev)" % args
+        return "torch.%s(%s, dtype=_dt, device=_dev)" % (make, args)
+
+    def template(self, op_spec, op: str):
+        own = _TORCH_TEMPLATES.get(op)
+        if own is not None:
+            return own
+        return _translate(op_spec.numpy)
+
+    def runtime(self) -> str:
+        source = (Path(__file__).with_name("torch_runtime.py")).read_text()
+        return _body(source)
+
+
+TARGETS = {"numpy": Target(), "torch": TorchTarget()}
+
+# the built-in operators with a torch spelling of their own
+_TORCH_TEMPLATES = {"m": "torch.relu({0})"}
+
+
+def _torch_numpy_names() -> set:
+    """The numpy functions the torch runtime's ``_np`` namespace provides (read off its source)."""
+    tree = ast.parse((Path(__file__).with_name("torch_runtime.py")).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_np")
+    names = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+    for node in cls.body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                names |= {e.id for e in getattr(target, "elts", [target]) if isinstance(e, ast.Name)}
+    return names
+
+
+_TORCH_NUMPY: set = set()
+
+
+def _translate(template):
+    """A numpy template in torch: ``np.f`` becomes the runtime's ``_np.f`` when it has one (None
+    when it has not: the operator cannot be lowered for torch)."""
+    if template is None:
+        return None
+    if not _TORCH_NUMPY:
+        _TORCH_NUMPY.update(_torch_numpy_names())
+    names = re.findall(r"\bnp\.(\w+)", template)
+    if any(n not in _TORCH_NUMPY for n in names):
+        return None
+    return re.sub(r"\bnp\.", "_np.", template)
+
+
+def _body(source: str) -> str:
+    """A module's source from its first definition on (no docstring, no imports)."""
+    tree = ast.parse(source)
+    first = next(n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+                 and not isinstance(n, (ast.Import, ast.ImportFrom)))
+    return "\n".join(source.splitlines()[first.lineno - 1:]).rstrip()
+
+
+_NUMPY_HELPERS = '''
+
+def _trace(A):
+    """The trace: a number for one matrix, a (batch, 1, 1) array for a batch of them."""
+    t = np.trace(A, axis1=-2, axis2=-1)
+    return float(t) if A.ndim == 2 else t[..., None, None]
+
+
+def _as_float(x):
+    return float(np.asarray(x).reshape(()))
+
+
+def _dtype(values, names, forced):
+    """The dtype to compute in: the forced one, else float32 when every array input is float32,
+    else float64."""
+    if forced is not None:
+        return forced
+    for name in names:  # the first input that is not float32 decides: float64
+        if getattr(values[name], "dtype", None) != np.float32:
+            return np.float64
+    return np.float32 if names else np.float64
+
+
+def _input(values, name, shape, batched, dtype):
+    """values[name] as an array of the dtype and the declared shape (as given when it already is
+    one), with a leading batch axis allowed when ``batched`` (a constant that varies per example)."""
+    x = values[name]
+    if type(x) is not np.ndarray or x.dtype != dtype:
+        x = np.asarray(x, dtype=dtype)
+    if x.ndim == 2 and (shape is None or x.shape == shape):
+        return x
+    if batched and x.ndim == 3 and (shape is None or x.shape[1:] == shape):
+        return x
+    if shape is not None and x.size == shape[0] * shape[1] and not (batched and x.ndim == 3):
+        return x.reshape(shape)
+    what = "(batch, %d, %d) or %s" % (shape + (shape,)) if batched and shape else str(shape or "a matrix")
+    raise ValueError("%s has shape %s, not %s" % (name, x.shape, what))
+
+
+def _scalar(values, name):
+    return float(np.asarray(values[name]).reshape(()))
+
+
+def _batch(*xs):
+    """The batch size of the inputs that have one (they must agree), or 0 when none has."""
+    sizes = {x.shape[0] for x in xs if x.ndim == 3}
+    if len(sizes) > 1:
+        raise ValueError("the inputs have different batch sizes: %s" % sorted(sizes))
+    return sizes.pop() if sizes else 0
+
+
+def _total(x, nb):
+    """A gradient summed over the batch: the sum of its examples' (a term that no example changes
+    counts once per example)."""
+    if not nb:
+        return x
+    return x.sum(axis=0) if x.ndim == 3 else x * nb
+
+
+def _full(shape, value, nb, dtype):
+    if isinstance(value, np.ndarray):  # a per-example scalar: (batch, 1, 1)
+        return np.full(shape, value.sum(), dtype=dtype)
+    return np.full(shape, value * (nb or 1), dtype=dtype)
+
+
+def _copy(x):
+    return x.copy()
+
+
+_PIECE_BYTES = 96 * 1024  # below glibc's threshold for fresh pages (128 KiB), and in the L2 cache
+
+
+def _piece(nb, example_size, dtype):
+    """How many examples of a batch of nb to compute at a time (0: all of them at once)."""
+    per = max(1, _PIECE_BYTES // (example_size * np.dtype(dtype).itemsize))
+    return per if nb > per else 0
+
+
+def _in_pieces(sweep, values, names, n):
+    """sweep(values) a piece of n examples at a time, the results summed (gradients, and a loss)."""
+    batch = np.shape(values[next(name for name in names if np.ndim(values[name]) == 3)])[0]
+    total = None
+    for start in range(0, batch, n):
+        piece = dict(values)
+        for name in names:
+            if np.ndim(values[name]) == 3:
+                piece[name] = np.asarray(values[name])[start:start + n]
+        got = sweep(piece)
+        if total is None:
+            total = got
+        elif isinstance(total, tuple):  # (gradients, loss)
+            for key in total[0]:
+                total[0][key] += got[0][key]
+            total = (total[0], total[1] + got[1])
+        else:
+            for key in total:
+                total[key] += got[key]
+    return total
+
+
+def _half_sq(E, nb):
+    """1/2 ||E||^2, summed over the batch."""
+    s = 0.5 * float(np.vdot(E, E))
+    return s * nb if nb and E.ndim == 2 else s
+'''

@@ -1,0 +1,200 @@
+"""The torch runtime: the helpers that code generated with ``fdsl codegen --target torch`` calls.
+
+fdsl never imports this module: its source is copied into every generated torch module (the way
+``numpy_runtime`` is copied into numpy ones), so a generated module needs torch and nothing else.
+The definitions are those of ``fdsl.backends.numpy_runtime`` (DESIGN.md), written for tensors of
+any device and dtype, with an optional leading batch axis (``...`` below):
+
+- ``_softmax(A)``: the softmax of each row (the last axis).
+- ``_mm(A, B) = [A > 0] o B`` and ``_aa_given(S, B) = S o (B - rowsum(S o B) 1^t)`` with
+  ``S = a(A)``: the derivatives of relu and softmax at A applied to B.
+- ``_trace(A)``: the trace of a matrix as a number, or of each matrix of a batch as a
+  ``(batch, 1, 1)`` tensor (so that it scales its own example).
+
+The generated function computes in the dtype of its inputs (float32 when every input tensor is
+float32, float64 otherwise, unless the module was generated with ``--dtype``), on their device.
+"""
+
+import torch
+
+
+def _softmax(A):
+    """Row-wise softmax (the last axis), stable."""
+    return torch.softmax(A, dim=-1)
+
+
+def _mm(A, B):
+    """mm(A, B) = [A > 0] o B, the derivative of relu at A applied to B."""
+    return (A > 0) * B
+
+
+def _aa(A, B):
+    """aa(A, B) = S o (B - rowsum(S o B) 1^t) with S = softmax(A)."""
+    return _aa_given(_softmax(A), B)
+
+
+def _aa_given(S, B):
+    """aa(A, B) from S = softmax(A), for B of any batch shape that broadcasts with S."""
+    out = S * B
+    out -= S * out.sum(dim=-1, keepdim=True)
+    return out
+
+
+def _trace(A):
+    """The trace: a number for one matrix, a (batch, 1, 1) tensor for a batch of them."""
+    t = torch.diagonal(A, dim1=-2, dim2=-1).sum(-1)
+    return float(t) if A.dim() == 2 else t[..., None, None]
+
+
+def _as_float(x):
+    return float(torch.as_tensor(x).reshape(()))
+
+
+def _dtype(values, names, forced):
+    """(dtype, device) to compute in: the forced dtype, else float32 when every tensor input is
+    float32, else float64; the device of the first tensor input (the CPU when there is none)."""
+    kinds, device = set(), None
+    for name in names:
+        x = values[name]
+        if isinstance(x, torch.Tensor):
+            kinds.add(x.dtype)
+            if device is None:
+                device = x.device
+    dtype = forced if forced is not None else (torch.float32 if kinds == {torch.float32} else torch.float64)
+    return dtype, device if device is not None else torch.device("cpu")
+
+
+def _input(values, name, shape, batched, dtype, device):
+    """values[name] as a (dtype, device) tensor of the declared shape, with a leading batch axis
+    allowed when ``batched`` (a constant that varies per example)."""
+    x = torch.as_tensor(values[name], dtype=dtype, device=device)
+    if shape is None:
+        ok = x.dim() == 2 or (batched and x.dim() == 3)
+    else:
+        ok = tuple(x.shape[-2:]) == shape and (x.dim() == 2 or (batched and x.dim() == 3))
+    if not ok:
+        what = "(batch, %d, %d) or (%d, %d)" % (shape + shape) if batched and shape else str(shape)
+        raise ValueError("%s has shape %s, not %s" % (name, tuple(x.shape), what if shape else "a matrix"))
+    return x
+
+
+def _scalar(values, name):
+    return float(torch.as_tensor(values[name]).reshape(()))
+
+
+def _batch(*xs):
+    """The batch size of the inputs that have one (they must agree), or 0 when none has."""
+    sizes = {x.shape[0] for x in xs if x.dim() == 3}
+    if len(sizes) > 1:
+        raise ValueError("the inputs have different batch sizes: %s" % sorted(sizes))
+    return sizes.pop() if sizes else 0
+
+
+def _total(x, nb):
+    """A gradient summed over the batch: the sum of its examples' (a term that no example changes
+    counts once per example)."""
+    if not nb:
+        return x
+    return x.sum(dim=0) if x.dim() == 3 else x * nb
+
+
+def _full(shape, value, nb, dtype, device):
+    if torch.is_tensor(value):  # a per-example scalar: (batch, 1, 1)
+        return value.sum(dim=0).expand(shape).clone()
+    return torch.full(shape, value * (nb or 1), dtype=dtype, device=device)
+
+
+def _copy(x):
+    return x.clone()
+
+
+def _half_sq(E, nb):
+    """1/2 ||E||^2, summed over the batch."""
+    s = 0.5 * (E * E).sum()
+    return s * nb if nb and E.dim() == 2 else s
+
+
+def _is_scalar(x):
+    return not torch.is_tensor(x) or x.dim() == 0 or tuple(x.shape[-2:]) == (1, 1) and x.dim() == 2
+
+
+def _mul(*factors):
+    """The product of the factors: scalars multiply, matrices are folded left to right with @."""
+    coeff, product = 1.0, None
+    for x in factors:
+        if _is_scalar(x):
+            coeff = coeff * (x.reshape(()) if torch.is_tensor(x) else x)
+        elif product is None:
+            product = x
+        else:
+            product = product @ x
+    if product is None:
+        return torch.full((1, 1), float(coeff))
+    return product if not torch.is_tensor(coeff) and coeff == 1.0 else coeff * product
+
+
+def _pair(a, b):
+    """Two operands as tensors (a number takes the other's dtype and device)."""
+    if not torch.is_tensor(a):
+        a = torch.as_tensor(a, dtype=b.dtype, device=b.device)
+    if not torch.is_tensor(b):
+        b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+    return a, b
+
+
+class _np:
+    """The numpy functions that fdsl's operator templates name (``fdsl.ops.NUMPY_FUNCTIONS``, the
+    trace and relu), in torch: a rule file's operator runs on tensors unchanged."""
+
+    tanh, sinh, cosh, exp, expm1 = torch.tanh, torch.sinh, torch.cosh, torch.exp, torch.expm1
+    log, log1p, sqrt, abs, sign = torch.log, torch.log1p, torch.sqrt, torch.abs, torch.sign
+    sin, cos, square, reciprocal = torch.sin, torch.cos, torch.square, torch.reciprocal
+    arctan, arcsinh, negative = torch.atan, torch.asinh, torch.neg
+
+    @staticmethod
+    def cbrt(x):
+        return torch.sign(x) * torch.abs(x) ** (1.0 / 3.0)
+
+    @staticmethod
+    def maximum(a, b):
+        return torch.maximum(*_pair(a, b))
+
+    @staticmethod
+    def minimum(a, b):
+        return torch.minimum(*_pair(a, b))
+
+    @staticmethod
+    def multiply(a, b):
+        return a * b
+
+    @staticmethod
+    def add(a, b):
+        return a + b
+
+    @staticmethod
+    def subtract(a, b):
+        return a - b
+
+    @staticmethod
+    def divide(a, b):
+        return a / b
+
+    @staticmethod
+    def hypot(a, b):
+        return torch.hypot(*_pair(a, b))
+
+    @staticmethod
+    def arctan2(a, b):
+        return torch.atan2(*_pair(a, b))
+
+    @staticmethod
+    def logaddexp(a, b):
+        return torch.logaddexp(*_pair(a, b))
+
+    @staticmethod
+    def heaviside(x, at_zero):
+        return torch.heaviside(*_pair(x, at_zero))
+
+    @staticmethod
+    def trace(x, axis1=0, axis2=1):
+        return torch.diagonal(x, dim1=axis1, dim2=axis2).sum(-1)

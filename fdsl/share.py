@@ -1,0 +1,221 @@
+"""Found intermediates: the shared structure of a term graph, named as if the user had named it.
+
+Vocabulary
+----------
+uses          how many times a node stands as an argument of the distinct nodes above it (each
+              occurrence in an argument tuple counts). A node used once is written once in any
+              printing of the graph; a node used more than once is what makes a tree exponential.
+hint          the name a program gives a value: ``E = Y - F`` hints ``E`` for the value of E,
+              a call ``encoder(3)`` of a definition with whole-number arguments hints
+              ``encoder_3``. Programs record hints as they elaborate; the first one wins.
+found         a node the term graph shares that reads better by name: not a leaf, free of
+              differentials, not already named (``let``), not a transpose (``Z^t`` is read off
+              ``Z``), used more than once, and either hinted or larger than ``SMALL`` nodes
+              written out. A found node is an intermediate exactly like ``N := ...``.
+fresh name    a found node with no hint is named ``S_1``, ``S_2``, ... (innermost first), with
+              a letter that no symbol, definition, hint or named intermediate of the term uses.
+
+``found(t)`` is the analysis (node -> (name, index)); ``share(t)`` rebuilds ``t`` with every
+found node wrapped in a ``let``, which is what ``normal``/``backprop`` differentiate, so the
+manual's natural program (``encoder(L) = layer(L-1, encoder(L-1))``, no ``:=``) is linear in
+depth. Both are one pass over the shared graph, without recursion.
+"""
+
+from __future__ import annotations
+
+from . import terms as T
+from .terms import Term
+
+SMALL = 6  # a shared node of at most this many nodes written out is cheaper to read inline
+WRITE_OUT = 20_000  # printers write a term out in full up to this many nodes
+
+_HINTS: dict = {}  # Term -> (name, index): the name its program gave it
+_RESERVED: set = set()  # every name a program declared or defined: fresh names avoid them
+_CACHE: dict = {}  # (Term, hint count) -> found(t)
+_FRESH = ("S", "H", "Z", "T", "P", "R", "N", "M")
+
+
+def hint(t, name: str, index: tuple = ()) -> None:
+    """Record that a program calls the value ``t`` by ``name`` (``name_index`` with an index)."""
+    if isinstance(t, Term) and t not in _HINTS and t.args and t.op != "let":
+        _HINTS[t] = (name, tuple(index))
+
+
+def reserve(name: str) -> None:
+    """A name the user declared or defined: a fresh name never takes it."""
+    _RESERVED.add(name)
+
+
+def _sum_runs(t: Term, adds: list) -> dict:
+    """Where a hinted sum stands inside a longer sum: sums are flat, so the residual stream
+    ``net(2) = tanh(net(1) U_1) + net(1)`` holds net(1)'s summands, not net(1). Returns, for each
+    sum P, the (start, H) of the runs of P's summands that are a hinted sum H, longest first,
+    left to right, not overlapping."""
+    by_first: dict = {}
+    for h in adds:
+        by_first.setdefault(h.args[0], []).append(h)
+    for hs in by_first.values():
+        hs.sort(key=lambda h: -len(h.args))
+    runs: dict = {}
+    for node in T.postorder(t):
+        if node.op != "add" or len(node.args) < 3:
+            continue
+        i, args = 0, node.args
+        while i < len(args):
+            for h in by_first.get(args[i], ()):
+                k = len(h.args)
+                if h is not node and k < len(args) and args[i:i + k] == h.args:
+                    runs.setdefault(node, []).append((i, h))
+                    i += k
+                    break
+            else:
+                i += 1
+    return runs
+
+
+def found(t: Term) -> tuple:
+    """The found intermediates under ``t``: (names, runs). ``names`` maps each found node to its
+    (name, index), children before parents; ``runs`` the sums that hold a found sum's summands."""
+    key = (t, len(_HINTS))
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    count: dict = {t: 0}
+    by_d: dict = {}  # uses as the argument of d: d(E) beside E^t does not make E worth a name
+    named = set()  # the bodies of lets: already named
+    for node in T.postorder(t):
+        for c in node.args:
+            count[c] = count.get(c, 0) + 1
+            if node.op == "d":
+                by_d[c] = by_d.get(c, 0) + 1
+        if node.op == "let":
+            named.add(node.args[0])
+    runs = _sum_runs(t, [h for h in _HINTS if h.op == "add" and h in count])
+    for p, rs in runs.items():
+        for _, h in rs:
+            count[h] += 1
+    size: dict = {}
+    names_in_use = set(_RESERVED)
+    picked = []
+    for node in T.postorder(t):
+        # tree sizes capped at SMALL + 1: only "small or not" matters, and exact sizes explode
+        size[node] = min(SMALL + 1, 1 + sum(size[c] for c in node.args))
+        if node.op == "sym":
+            names_in_use.add(node.data[0].name)
+        elif node.op == "let":
+            names_in_use.add(node.data[0])
+        if not node.args or node.has_d or node.op in ("let", "t") or node in named:
+            continue
+        if node in _HINTS:
+            if count[node] > 1:
+                picked.append(node)
+        elif count[node] - by_d.get(node, 0) > 1 and size[node] > SMALL:
+            picked.append(node)
+    names_in_use.update(name for name, _ in _HINTS.values())
+    letter = next((c for c in _FRESH if c not in names_in_use), None)
+    if letter is None:
+        letter = next("S" * k for k in range(2, 1000) if "S" * k not in names_in_use)
+    names, fresh = {}, 0
+    for node in picked:
+        if node in _HINTS:
+            names[node] = _HINTS[node]
+        else:
+            fresh += 1
+            names[node] = (letter, (fresh,))
+    runs = {p: [(i, h) for i, h in rs if h in names] for p, rs in runs.items()}
+    out = (names, {p: rs for p, rs in runs.items() if rs})
+    if len(_CACHE) > 256:
+        _CACHE.clear()
+    _CACHE[key] = out
+    return out
+
+
+class Sharing:
+    """``t`` with every found intermediate a named one (a ``let``): ``Sharing(t).term``.
+
+    The user's own lets (``E := ...``) are kept as they are, the same objects, so that ``E`` in a
+    normal form is the program's ``E``; what was found inside a let's body is there in
+    ``body(let)``, which the engine unfolds and the printers write in its binding. One memo
+    serves the term and every body, so a subterm found once is one let everywhere.
+    ``made`` holds the lets made for found intermediates.
+    """
+
+    def __init__(self, t: Term, found_names=None):
+        self.names, self.runs = found_names if found_names is not None else found(t)
+        self.new: dict = {}
+        self.made: set = set()
+        self.term = self._rewrite(t) if self.names else t
+
+    def body(self, let: Term) -> Term:
+        """The body of a let, with the intermediates found in it."""
+        if not self.names or let in self.made:  # a found one was built from found parts
+            return let.args[0]
+        return self._rewrite(let.args[0])
+
+    def children(self, node: Term) -> tuple:
+        """The arguments of a node of the shared term, a let's being its shared body."""
+        return (self.body(node),) if node.op == "let" else node.args
+
+    def _rewrite(self, root: Term) -> Term:
+        new, names, runs = self.new, self.names, self.runs
+        for node in T.postorder(root, descend=lambda n: n not in new and n.op != "let"):
+            if node in new:
+                continue
+            if node.op == "let" or not node.args:
+                r = node
+            elif node in runs:  # a sum holding a found sum's summands: that sum, by name
+                args, i, starts = [], 0, dict(runs[node])
+                while i < len(node.args):
+                    h = starts.get(i)
+                    if h is not None and h in new:
+                        args.append(new[h])
+                        i += len(h.args)
+                    else:
+                        args.append(new[node.args[i]])
+                        i += 1
+                r = T.add(*args)
+            else:
+                r = T.rebuild(node, [new[c] for c in node.args])
+            if node in names:
+                r = T.let(names[node][0], names[node][1], r)
+                self.made.add(r)
+            new[node] = r
+        return new[root]
+
+    def postorder(self):
+        """Every node of the shared term once, let bodies included, children before parents."""
+        seen, stack = set(), [(self.term, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                yield node
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(self.children(node)) if c not in seen)
+
+
+def share(t: Term) -> Term:
+    """``t`` with every found intermediate a named one; ``t`` itself if none is found."""
+    return Sharing(t).term
+
+
+def printed_names(t: Term) -> tuple:
+    """The found intermediates a printer names: none while ``t`` written out stays within
+    ``WRITE_OUT`` nodes, so that a term of a few layers reads as the manual's utility prints it
+    (``a(s X_0 Q_0 K_0^t X_0^t)`` in full, twice), and all of them beyond, so that printing stays
+    linear in the graph (the natural ``encoder(64)`` is 3^64 nodes written out)."""
+    names, runs = found(t)
+    if not names:
+        return names, runs
+    size: dict = {}
+    for node in T.postorder(t):
+        size[node] = min(WRITE_OUT + 1, 1 + sum(size[c] for c in node.args))
+    return (names, runs) if size[t] > WRITE_OUT else ({}, {})
+
+
+def has_intermediates(t: Term) -> bool:
+    """Whether ``t`` refers to a named intermediate (a ``let``)."""
+    return any(n.op == "let" for n in T.postorder(t))
