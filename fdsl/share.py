@@ -15,10 +15,15 @@ found         a node the term graph shares that reads better by name: not a leaf
 fresh name    a found node with no hint is named ``S_1``, ``S_2``, ... (innermost first), with
               a letter that no symbol, definition, hint or named intermediate of the term uses.
 
-``found(t)`` is the analysis (node -> (name, index)); ``share(t)`` rebuilds ``t`` with every
-found node wrapped in a ``let``, which is what ``normal``/``backprop`` differentiate, so the
-manual's natural program (``encoder(L) = layer(L-1, encoder(L-1))``, no ``:=``) is linear in
-depth. Both are one pass over the shared graph, without recursion.
+run           sums are flat, so a residual stream ``net(2) = f(net(1)) + net(1)`` holds the summands
+              of the sum net(1), not net(1) itself: a hinted sum whose summands stand as a run
+              inside a longer sum is used there too, and is put back there by name.
+
+``found(t)`` is the analysis (node -> (name, index), and the runs); ``Sharing(t)`` rebuilds
+``t`` with every found node wrapped in a ``let``, keeping the user's own lets as they are, which
+is what ``normal``/``backprop`` differentiate and the printers print, so the manual's natural
+program (``encoder(L) = layer(L-1, encoder(L-1))``, no ``:=``) is linear in depth. Each is one
+pass over the shared graph, without recursion.
 """
 
 from __future__ import annotations

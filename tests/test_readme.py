@@ -92,3 +92,15 @@ def test_transcript_output_is_real(command, expected, whole):
         assert r.stdout == expected
     else:
         assert r.stdout.startswith(expected)
+
+
+def test_the_deep_encoder_section_is_the_natural_program_and_its_real_output():
+    section = README[README.index("## Deep encoders"):README.index("## The repl")]
+    program, output = re.findall(r"```\n(.*?)```", section, re.S)[:2]
+    text = (ROOT / "examples" / "natural.fd").read_text()
+    assert program == text[text.index("layer(i, Z)"):]
+    assert ":=" not in program  # the manual's spelling
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/natural.fd"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == output
