@@ -444,6 +444,8 @@ class RuleBook:
         if (ruleset, name) in self.rule_names:
             first = self.rule_names[(ruleset, name)]
             raise err("duplicate rule name %s in ruleset %s (first at %s)" % (name, ruleset, first.where()), item)
+        for side in (item["lhs"], item["rhs"]):
+            _check_depth(side, "rule %s" % name, err)
         compile_ = _Compiler(err)
         lhs, rhs = compile_(item["lhs"]), compile_(item["rhs"])
         if isinstance(lhs, (Var, Seq)):
@@ -594,6 +596,24 @@ def _one_edit_apart(a: str, b: str) -> bool:
     return a[i + (len(a) == len(b)):] == b[i + 1:]
 
 
+# Patterns are compiled and matched by recursion over their (small) trees: a rule or an operator's
+# value nested deeper than this is refused when it is read, rather than failing when it is used.
+MAX_PATTERN_DEPTH = 1_000
+
+
+def _check_depth(node: Node, what: str, err) -> None:
+    """Refuse a rule side or operator value nested deeper than MAX_PATTERN_DEPTH (measured without
+    recursion, so the check itself cannot fail at depth)."""
+    stack = [(node, 1)]
+    while stack:
+        n, depth = stack.pop()
+        if depth > MAX_PATTERN_DEPTH:
+            raise err("%s nests more than %d levels deep: rule files are read and matched by recursion, "
+                      "so their patterns stay shallower (programs may nest as deep as they like)"
+                      % (what, MAX_PATTERN_DEPTH), node)
+        stack.extend((a, depth + 1) for a in n.args if isinstance(a, Node))
+
+
 # ---- operators defined by an expression ------------------------------------------------------------
 
 # A composed template longer than this is refused: each use of an operator in a value copies its
@@ -605,6 +625,7 @@ def _body_template(name, params, body: Node, err) -> str:
     """The numpy template of ``operator name(params) = body``, composed from the templates of the
     operators the body uses (built in, from the numpy table, or declared before): fdsl's own text
     and numbers, never the rule file's. The body is checked to keep its arguments' shape."""
+    _check_depth(body, "the value of operator %s" % name, err)
     pattern = _Compiler(err, params)(body)
     rows, cols = "r", "c"  # symbolic sizes: the check holds for every shape
     bindings = {p: T.sym(T.Symbol(p), (rows, cols)) for p in params}

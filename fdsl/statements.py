@@ -24,6 +24,7 @@ from typing import Callable
 
 from .errors import FdslError
 from .functions import describe, render
+from .inputs import kind_of
 
 
 @dataclass
@@ -65,10 +66,6 @@ def perform_all(effects, out, program) -> None:
             out.write(text + "\n")
 
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
-          (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"))
-
-
 def _cannot(path, why) -> FdslError:
     return FdslError("cannot write this file: %s" % why, file=str(path) or "<output>")
 
@@ -86,8 +83,7 @@ def target_of(path):
     except OSError as e:
         raise _cannot(path, e.strerror or e) from None
     if st is not None and not stat.S_ISREG(st.st_mode):
-        kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a regular file")
-        raise _cannot(path, "it is %s; fdsl writes only regular files (or new ones)" % kind)
+        raise _cannot(path, "it is %s; fdsl writes only regular files (or new ones)" % kind_of(st.st_mode))
     if st is None:  # a new file: missing folders are made, but only under a folder
         folder = real.parent
         while not folder.exists() and folder != folder.parent:

@@ -705,7 +705,7 @@ def png_size(path):
 
 
 def test_the_depth_8_pictures_are_small_enough_to_read():
-    for name in ("coeff_K5_deep.png", "deps_Q3_K5_deep.png"):
+    for name in ("coeff_K5_deep.png", "deps_Q3_K5_deep.png", "coeff_K5_natural.png", "deps_Q3_K5_natural.png"):
         width, height = png_size(ROOT / "examples" / name)
         assert max(width, height) < 3000, name
 

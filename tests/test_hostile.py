@@ -165,6 +165,10 @@ CASES = [
                              % nested("m(", ")", "W", 20_000)}, ["run", "p.fd"], code=0, stdout=r"^40001\n"),
     Case("deep-printing", {"p.fd": HEAD + "x = %s\nshow x\nshow string(x)\n" % nested("a(", ")", "X", 20_000)},
          ["run", "p.fd"], code=0, stdout=r"^a\(a\(a\("),
+    Case("deep-rule", {"p.fd": 'rules "r.rules"\n', "r.rules": "ruleset r\nrule x: %s => ?A\n" % nested("m(", ")", "?A")},
+         ["run", "p.fd"], message=r"^r\.rules:2:9: rule x nests more than 1000 levels deep"),
+    Case("deep-operator-value", {"p.fd": 'rules "r.rules"\n', "r.rules": "operator f(A) = %s\n" % nested("m(", ")", "A")},
+         ["run", "p.fd"], message=r"^r\.rules:1:17: the value of operator f nests more than 1000 levels deep"),
     Case("deep-sum-of-many", {"p.fd": HEAD + "x = %s\nshow nodes(x)\n" % " + ".join(["X"] * 100_000)},
          ["run", "p.fd"], code=0, stdout=r"^2$"),  # 100000 X: the number and X
     # ---- 5. numbers and text --------------------------------------------------------------------
