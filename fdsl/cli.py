@@ -19,24 +19,65 @@ _STACK_BYTES = 512 * 1024 * 1024
 _RECURSION_LIMIT = 200_000
 
 
-def _cmd_run(args) -> int:
-    from .program import load
+FILE_HELP = "the .fd program to read ('-' reads it from standard input)"
+RULES_HELP = "load a rule file before the program (repeatable)"
 
+
+def add_run_options(p) -> None:
+    """The options that say how a program is read and run: fdsl run and fdsl repl share them."""
+    p.add_argument("--rules", action="append", metavar="FILE", help=RULES_HELP)
+    p.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
+    add_limit_options(p)
+    p.add_argument("--values", metavar="FILE.npz", help="numeric values of symbols, for eval/grad")
+    p.add_argument("--random", type=int, metavar="SEED", help="random values for symbols without one")
+
+
+def run_setup(args):
+    """``setup(program)`` applying the run options, called before the program is read (its
+    statements run as it is read); also returns a check for after it was read."""
     numeric = args.values or args.random is not None
     if numeric:
         from .backends import numpy_eval
 
-    def setup(program):  # before the program is read: its statements run as it is read
+    def setup(program):
         program.options["trace"] = args.trace
         set_limits(program, args)
+        program.options["progress"] = _progress_wanted(args)
         if args.values:
             numpy_eval.load_values(program, args.values)
         if args.random is not None:
             numpy_eval.random_values(program, args.random)
 
-    program = load(args.file, rules=args.rules or (), setup=setup)
-    if numeric:
-        numpy_eval.check_values(program)  # names in --values that the program never declared
+    def after(program):
+        if numeric:
+            numpy_eval.check_values(program)  # names in --values that the program never declared
+
+    return setup, after
+
+
+def _progress_wanted(args) -> bool:
+    """Progress on stderr for long work: only on a terminal, and not over a --trace."""
+    from .progress import wanted
+
+    return wanted(sys.stderr) and not getattr(args, "trace", False)
+
+
+def _cmd_run(args) -> int:
+    from .program import Program, load
+
+    if args.file is None and not args.expr:
+        args.parser.error("give a program: fdsl run FILE, fdsl run - (standard input) or fdsl run -e 'TEXT'")
+    setup, after = run_setup(args)
+    if args.file is not None:
+        program = load(args.file, rules=args.rules or (), setup=setup)
+    else:
+        program = Program("-e")
+        for r in args.rules or ():
+            program.load_rules(r)
+        setup(program)
+    for text in args.expr or ():
+        program.feed(text, "-e")
+    after(program)
     program.run(sys.stdout)
     return 0
 
@@ -66,19 +107,24 @@ def set_limits(program, args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="fdsl", description="Matrices of differential forms: "
                                      "closed-form gradients of transformer weights by rewriting.")
+    parser.add_argument("--version", action="version", version="fdsl %s" % __version__,
+                        help="print the version of fdsl and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    run = sub.add_parser("run", help="run a .fd program and print what it shows")
-    run.add_argument("file")
-    run.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
-    run.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
-    add_limit_options(run)
-    run.add_argument("--values", metavar="FILE.npz", help="numeric values of symbols, for eval/grad")
-    run.add_argument("--random", type=int, metavar="SEED", help="random values for symbols without one")
-    run.set_defaults(func=_cmd_run)
+    run = sub.add_parser("run", help="run a .fd program and print what it shows",
+                         description="Read a program (a file, '-' for standard input, or -e TEXT), elaborate "
+                         "it and print what it shows. Errors go to stderr as file:line:col with exit code 2.")
+    run.add_argument("file", nargs="?", help=FILE_HELP + "; optional with -e")
+    run.add_argument("-e", "--expr", action="append", metavar="TEXT",
+                     help="program text, e.g. 'dim n; const A : n x n; weight W : n x n; normal(form(A W))': "
+                     "statements separated by ';', an expression alone is shown (repeatable; after FILE)")
+    add_run_options(run)
+    run.set_defaults(func=_cmd_run, parser=run)
 
     import importlib
 
@@ -86,7 +132,23 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(module)
     for register in _SUBCOMMANDS:
         register(sub)
+    _completion(parser, sub)
     return parser
+
+
+def _completion(parser, sub) -> None:
+    """``fdsl --print-completion bash|zsh|tcsh``: a shell completion script (shtab), with files
+    completed where a subcommand takes one."""
+    try:
+        import shtab
+    except ImportError:  # completion is a convenience: fdsl works without it
+        return
+    for p in sub.choices.values():
+        for action in p._actions:
+            if action.dest in ("file", "files") or (action.metavar or "").lower().startswith(("file", "out", "in.")):
+                action.complete = shtab.FILE
+    shtab.add_argument_to(parser, "--print-completion", help="print a shell completion script "
+                          "(bash, zsh, tcsh, fish or powershell): eval \"$(fdsl --print-completion bash)\"")
 
 
 _SUBCOMMANDS: list = []

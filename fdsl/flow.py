@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 
 from . import terms as T
-from .cli import subcommand
+from .cli import FILE_HELP, subcommand
 from .errors import FdslError
 from .functions import as_term, function
 from .metrics import EUCLIDEAN, GaussNewton, Kron, metric_of
@@ -426,7 +426,7 @@ def _register(sub):
 
     p = sub.add_parser("flow", help="write the flow of a 1-form (its dual under the program's metric) for every "
                        "weight to an .npz file")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) or an "
                    "expression; its flow under the metric statements of the file (Euclidean: grad)")
     p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write one array per weight")

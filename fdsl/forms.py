@@ -69,6 +69,14 @@ def order(t: Term, run=None) -> Term:
     return T.add(*sorted(parts, key=weight_key))
 
 
+class NotNormal(FdslError):
+    """A summand that is not ``trace(G d(X))``; ``summand`` is it, for a diagnosis."""
+
+    def __init__(self, message, summand):
+        super().__init__(message)
+        self.summand = summand
+
+
 def normal_terms(w: Term):
     """The (X, G) pairs of the terms trace(G d(X)) of a normal form; an error if it is not one.
     X is a weight, or a named intermediate in the steps of ``backprop``."""
@@ -80,15 +88,67 @@ def normal_terms(w: Term):
             pairs.append((scalar_d.args[0], T.mul(T.num(c), *T.factors(rest)[:-1])))  # G d(g), g a scalar
             continue
         if rest.op != "trace":
-            raise FdslError("not in normal form: %s is not trace(G d(W)); apply normal(...) first" % _short(s))
+            raise NotNormal("not in normal form: %s is not trace(G d(W)); apply normal(...) first" % _short(s), s)
         word = T.factors(rest.args[0])
         last = word[-1]
         if last.op != "d" or any(f.has_d for f in word[:-1]):
-            raise FdslError("not in normal form: %s does not end in its only differential; apply normal(...) first"
-                            % _short(s))
+            raise NotNormal("not in normal form: %s does not end in its only differential; apply normal(...) "
+                            "first" % _short(s), s)
         g = T.mul(T.num(c), *word[:-1]) if len(word) > 1 else T.mul(T.num(c), T.eye(last.shape[0]))
         pairs.append((last.args[0], g))
     return pairs
+
+
+def check_normal(w: Term, name: str = "normal") -> Term:
+    """``w`` if it is a normal form whose every differential is d(W) of a weight, last in its
+    trace; otherwise an error saying which rule is missing (the d rule or the flip rule of an
+    operator), for a normal form with a stray differential gives wrong weights and coefficients."""
+    for s in T.summands(w):
+        reason = why_not_normal(s)
+        if reason is not None:
+            raise FdslError("%s(...) did not reach a normal form sum_W trace(G_W dW): %s" % (name, reason))
+    return w
+
+
+def why_not_normal(s: Term):
+    """Why the summand ``s`` is not ``c trace(G d(W))`` with W a weight, or None if it is."""
+    _, rest = T.coefficient(s)
+    stray = [x for x in differentials(s) if not (x.op == "sym" and x.data[0].kind == "weight")]
+    if stray:
+        x = stray[0]
+        if x.op in OPS and OPS[x.op].kind == "function" and not OPS[x.op].differential:
+            params = ", ".join("?" + p for p in "ABCDEFGH"[:len(x.args)])
+            return ("d(%s) is left as it is: no rule differentiates the operator %s; add one to ruleset "
+                    "differentiate, e.g. rule d-%s: d(%s(%s)) => ... (examples/tanh.rules shows how)"
+                    % (_short(x, 60), x.op, x.op, x.op, params))
+        return "d(%s) is left as it is: no rule expands it" % _short(x, 60)
+    if not s.has_d:
+        return "%s has no differential: normal takes a 1-form, e.g. normal(form(E))" % _short(s, 60)
+    if rest.op != "trace":
+        return "%s is not a trace: normal takes a scalar 1-form, e.g. normal(form(E))" % _short(s, 60)
+    word = T.factors(rest.args[0])
+    if word[-1].op == "d" and not any(f.has_d for f in word[:-1]):
+        return None
+    trapped = _trapping_operator(rest.args[0])
+    if trapped is not None:
+        return ("a differential is inside %s(...) in %s: no flip rule moves it out of %s; add one to "
+                "ruleset shiftmm, as flip-mm does for mm (stdlib/trace.rules)" % (trapped, _short(s, 80), trapped))
+    return "%s does not end in its only differential" % _short(s, 80)
+
+
+def _trapping_operator(word: Term):
+    """The outermost operator (mm, aa, a rule file's) that holds a differential in ``word``."""
+    frontier = [word]
+    while frontier:  # breadth first: the outermost such operator is found first
+        below = []
+        for t in frontier:
+            if t.op == "d" or t.op == "let":
+                continue
+            if OPS[t.op].kind == "function" and t.has_d:
+                return t.op
+            below.extend(c for c in t.args if c.has_d)
+        frontier = below
+    return None
 
 
 def coeff(w: Term, weight: Term) -> Term:
@@ -169,20 +229,38 @@ def _short(t, n=100):
 # ---- the language functions ----------------------------------------------------------------------
 
 
-@function("form(E)", "the pulled-back Euler form -trace(E^t d(E))")
+def error_term(program, e, verb: str) -> Term:
+    """The E of ``form(E)``/``forms(E)``. The manual writes ``forms(2)`` for the form of
+    ``encoder(2)`` (its ``forms(i)`` is ``...form(encoder(i))``): a whole number means that when
+    the program defines ``encoder``; otherwise it is a mistake, and the message says what to write."""
+    if isinstance(e, Fraction) and e.denominator == 1 and e >= 0:
+        clauses = program.clauses.get("encoder")
+        if clauses and len(clauses[0].params) == 1:
+            return as_term(program.call_definition("encoder", int(e)), "encoder(%s)" % e)
+        raise FdslError("%s(%s): %s takes the error E, a matrix expression, not a number; write %s(E) with, "
+                        "e.g., E = Y - encoder(%s), or define encoder(L) as the manual does, and %s(%s) "
+                        "means %s(encoder(%s))" % (verb, e, verb, verb, e, verb, e, verb, e))
+    return as_term(e, "E")
+
+
+@function("form(E)", "the pulled-back Euler form -trace(E^t d(E)); form(i) is form(encoder(i))")
 def _form(program, e):
-    return form(as_term(e, "E"))
+    return form(error_term(program, e, "form"))
 
 
-@function("forms(E, j?)", "cycle(shiftmm(flatten(expandmm(expandAll(form(E)))))), or its summand j")
+@function("forms(E, j?)", "cycle(shiftmm(flatten(expandmm(expandAll(form(E)))))), or its summand j; "
+          "forms(i) is forms(encoder(i))")
 def _forms(program, e, j=None):
-    w = program.apply_rules("expandforms", form(as_term(e, "E")))
+    w = program.apply_rules("expandforms", form(error_term(program, e, "forms")))
     if j is None:
         return w
     parts = T.summands(w)
     k = as_int(j, "j")
+    if not parts:
+        raise FdslError("forms(..., %d): the form is 0, so it has no summands (is there a weight in E?)" % k)
     if not -len(parts) <= k < len(parts):
-        raise FdslError("forms(E, %d): there are %d summands (0 to %d)" % (k, len(parts), len(parts) - 1))
+        raise FdslError("forms(..., %d): the form has %d summand%s, numbered 0 to %d"
+                        % (k, len(parts), "" if len(parts) == 1 else "s", len(parts) - 1))
     return parts[k]
 
 

@@ -26,6 +26,7 @@ from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from .errors import FdslError
+from .hints import syntax_hint
 from .numbers import OUT_OF_RANGE, number_problem
 from .resources import grammar_path
 
@@ -354,6 +355,10 @@ def syntax_error(e: UnexpectedInput, text: str, filename: str, grammar: str = "f
         line, col = len(lines), len(lines[-1]) + 1
     else:  # pragma: no cover - Lark has no other kinds
         msg, line, col = str(e), getattr(e, "line", None), getattr(e, "column", None)
+    hint = syntax_hint(text, line or 0, col or 0, keywords=grammar == "fdsl.lark")
+    if hint is not None:  # a habit from elsewhere: say what to write instead of what could follow
+        text_, col, whole = hint
+        msg = text_ if whole else "%s; %s" % (msg.split("; expected ")[0], text_)
     return FdslError(msg, filename, line if line and line > 0 else None, col if col and col > 0 else None, text)
 
 

@@ -31,11 +31,15 @@ from . import share
 from . import terms as T
 from .errors import FdslError
 from .functions import FUNCTIONS, as_int, as_term, describe, render
+from .hints import function_hint, keyword_hint
 from .ops import OPS, ShapeError
 from .numbers import number_problem, power_problem
 from .parse import Node, Stmt, parse_program
 from .terms import Symbol, Term
 
+# Strategies whose result is a normal form sum_W trace(G_W dW), checked before it is used: a stray
+# differential (an operator with no d rule or no flip rule) would give wrong coefficients
+NORMAL_FORMS = ("normal", "backprop")
 DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway recursion
 
 # Modules that register built-in functions (@function) and statements; imported once, on the
@@ -347,7 +351,32 @@ class Program:
             terms = [_zero_like(t, matrix) for t in terms]
         if kind == "add":
             terms = [T.neg(t) if negated else t for (negated, _), t in zip(parts, terms)]
-        return {"add": T.add, "mul": T.mul, "hadamard": T.hadamard}[kind](*terms)
+        build = {"add": T.add, "mul": T.mul, "hadamard": T.hadamard}[kind]
+        try:
+            return build(*terms)
+        except ShapeError:
+            raise self._misfit(build, terms, [n for _, n in parts], kind) from None
+
+    def _misfit(self, build, terms, nodes, kind) -> FdslError:
+        """The shape error of a chain, with the caret on the first operand that does not fit
+        the ones before it (found by bisection: once a prefix fails, every longer one does)."""
+        lo, hi = 1, len(terms)  # the prefix of length lo builds; the one of length hi fails
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            try:
+                build(*terms[:mid])
+                lo = mid
+            except ShapeError:
+                hi = mid
+        try:
+            build(*terms[:hi])
+            raise AssertionError("a chain that failed to build built")
+        except ShapeError as e:
+            error = self.error(str(e), nodes[hi - 1])
+        if kind == "hadamard" and _multipliable(terms[:hi]):
+            error.notes.append("note: * is the componentwise (Hadamard) product; the matrix product "
+                               "is written by juxtaposition: A B")
+        return error
 
     def lookup(self, name: str, node: Node, env: dict):
         """The value of a name: parameter, definition, symbol, dim, or Q_0 for the family Q."""
@@ -373,7 +402,10 @@ class Program:
     def _suggest(self, name, env=()):
         known = list(env) + list(self.definitions) + list(self.symbols) + list(self.dims) + list(self.families)
         close = difflib.get_close_matches(name, known, n=1)
-        return "; did you mean %r?" % close[0] if close else ""
+        if close:
+            return "; did you mean %r?" % close[0]
+        keyword = keyword_hint(name)  # sohw E: a misspelt statement keyword reads as a product
+        return "; did you mean the keyword %r?" % keyword if keyword else ""
 
     def dim_term(self, name: str) -> Term:
         return T.sym(Symbol(name, (), "dim", self.dims[name]), (1, 1))
@@ -436,7 +468,10 @@ class Program:
         if self.rulebook is not None and self.rulebook.has_ruleset(name):
             if len(args) != 1:
                 raise self.error("ruleset %s takes 1 argument, not %d" % (name, len(args)), node)
-            return self.apply_rules(name, args[0])
+            result = self.apply_rules(name, args[0], check=True)  # normal(A W) in a program: say so
+            for before in _as_list(args[0]):
+                self._check_applies(name, as_term(before, "the argument of %s" % name), node)
+            return result
         op = OPS.get(name)
         if op is not None and op.kind == "function":
             if len(args) != op.arity:
@@ -447,7 +482,26 @@ class Program:
             return T.mul(as_term(scale), as_term(args[0]))
         raise self.error("unknown function %r%s" % (name, self._suggest_function(name)), node)
 
+    def _check_applies(self, name: str, t: Term, node: Node) -> None:
+        """A ruleset called on a term none of its rules can match anywhere returns it unchanged,
+        which reads as an answer (``transpose(X)`` printing ``X``): say so instead."""
+        heads = self.rulebook.heads(name)
+        if heads is None or heads & {n.op for n in T.postorder(t, descend=lambda n: not OPS[n.op].opaque)}:
+            return
+        what = "ruleset" if name in self.rulebook.rulesets else "strategy"
+        message = "%s %s cannot apply to %s: none of its rules matches any part of it, so %s(...) would " \
+                  "give it back unchanged (fdsl rules lists the rules)" % (what, name, _described(t), name)
+        alias = function_hint(name)
+        if alias is not None:
+            message += "; in fdsl, %s" % alias
+        elif "d" in heads and not t.has_d:
+            message += "; %s rewrites forms, e.g. %s(form(E))" % (name, name)
+        raise self.error(message, node)
+
     def _suggest_function(self, name):
+        alias = function_hint(name)  # softmax, relu, tr: what fdsl calls them
+        if alias is not None:
+            return "; in fdsl, %s" % alias
         known = list(self.clauses) + list(FUNCTIONS) + [o for o, op in OPS.items() if op.kind == "function"]
         if self.rulebook is not None:
             known += self.rulebook.ruleset_names()
@@ -513,10 +567,26 @@ class Program:
         self.rulebook.load(Path(path))
         self._memo.clear()
 
-    def apply_rules(self, name: str, value):
-        """Apply a ruleset or strategy by name, with this program's trace and step limit."""
+    def apply_rules(self, name: str, value, check: Optional[bool] = None):
+        """Apply a ruleset or strategy by name, with this program's trace and step limit. The
+        result of ``normal``/``backprop`` is checked to be a normal form (``check``; by default
+        when ``value`` is a 1-form: rewriting any other term with them is the caller's business)."""
+        from .forms import NotNormal, check_normal, why_not_normal
+
         options = dict(self.options, trace_out=self.trace_out)
-        return self.rulebook.apply(name, value, options)
+        try:
+            result = self.rulebook.apply(name, value, options)
+        except NotNormal as e:  # backprop met a term it cannot read as trace(G dX): say why
+            reason = why_not_normal(e.summand)
+            if reason is None:
+                raise
+            raise FdslError("%s(...) did not reach a normal form sum_W trace(G_W dW): %s" % (name, reason)) from None
+        if check is None:
+            check = all(isinstance(v, Term) and v.scalar and v.has_d for v in _as_list(value))
+        if check and name in NORMAL_FORMS:
+            for w in _as_list(result):
+                check_normal(w, name)
+        return result
 
     def named_terms(self) -> set:
         """The program's own named definitions (E := ...): show prints them by name only."""
@@ -559,6 +629,24 @@ class Program:
     def resolve_path(self, path: str) -> Path:
         p = Path(path)
         return p if p.is_absolute() else self.base_dir / p
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _described(t: Term) -> str:
+    if t.op == "num":
+        return "the number %s" % render(t.data)
+    return _short(t)
+
+
+def _multipliable(terms) -> bool:
+    try:
+        T.mul(*terms)
+        return True
+    except ShapeError:
+        return False
 
 
 def _zero_like(t: Term, other: Term) -> Term:
@@ -674,16 +762,29 @@ def parse(text: str, filename: str = "<string>", base_dir=None) -> Program:
 
 
 def load(path, rules=(), setup=None) -> Program:
-    """Read and elaborate a ``.fd`` file (``rules``: extra rule files to load first; ``setup``:
-    called with the program before it runs, e.g. to give it values for its ``eval`` statements)."""
-    from .inputs import read_source
+    """Read and elaborate a ``.fd`` file, or standard input for ``"-"`` (``rules``: extra rule
+    files to load first; ``setup``: called with the program before it runs, e.g. to give it
+    values for its ``eval`` statements)."""
+    from .inputs import MAX_SOURCE_BYTES, read_source
 
-    path = Path(path)
-    text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
-    program = Program(str(path), path.parent)
+    if str(path) == "-":  # the usual spelling of standard input; its relative paths are the cwd's
+        data = sys.stdin.buffer.read(MAX_SOURCE_BYTES + 1)
+        if len(data) > MAX_SOURCE_BYTES:
+            raise FdslError("standard input holds more than a program may (%d bytes)" % MAX_SOURCE_BYTES,
+                            file="<stdin>")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise FdslError("standard input is not UTF-8 text (byte %d)" % e.start, file="<stdin>") from None
+        filename, base_dir = "<stdin>", Path.cwd()
+    else:
+        path = Path(path)
+        text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
+        filename, base_dir = str(path), path.parent
+    program = Program(filename, base_dir)
     for r in rules:
         program.load_rules(r)
     if setup is not None:
         setup(program)
-    program.feed(text, str(path))
+    program.feed(text, filename)
     return program

@@ -673,11 +673,17 @@ def script(session: Session, stream) -> None:
 
 
 def _cmd_repl(args) -> int:
+    from .cli import run_setup
+
     session = Session()
-    session.program.options["trace"] = args.trace
+    setup, after = run_setup(args)
+    for r in args.rules or ():
+        session.program.load_rules(r)
+    setup(session.program)
     use_terminal = _isatty(sys.stdin) and _isatty(sys.stdout)
     if args.file:
         session.run(":load " + args.file)
+    after(session.program)
     if use_terminal:
         interactive(session)
         return 0
@@ -687,10 +693,12 @@ def _cmd_repl(args) -> int:
 
 @subcommand
 def _register(sub):
+    from .cli import add_run_options
+
     p = sub.add_parser("repl", help="an interactive session: type fdsl, see the results",
                        description="An interactive session on one program: an expression alone is shown, "
                        ":help lists what you can type, Ctrl-D quits. Without a terminal it reads its inputs "
-                       "from stdin and exits with status 2 if any failed.")
+                       "from stdin and exits with status 2 if any failed. It takes the options of fdsl run.")
     p.add_argument("file", nargs="?", help="a .fd file to load first")
-    p.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
+    add_run_options(p)
     p.set_defaults(func=_cmd_repl)

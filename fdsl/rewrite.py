@@ -42,6 +42,7 @@ DEFAULT_STEP_LIMIT = 2_000_000
 # The fully expanded normal form of a four-layer encoder builds about 24 million.
 DEFAULT_SIZE_LIMIT = 50_000_000
 _STEP_SHARE = 50
+PROGRESS_EVERY = 512  # steps between updates of the progress line
 
 
 # ---- guards ------------------------------------------------------------------------------------
@@ -203,9 +204,10 @@ class Index:
 class Stepper:
     """Counts steps, keeps the last rules that fired, and prints them under --trace."""
 
-    def __init__(self, name, limit, trace_out=None, size_limit=DEFAULT_SIZE_LIMIT):
+    def __init__(self, name, limit, trace_out=None, size_limit=DEFAULT_SIZE_LIMIT, progress=None):
         self.name, self.limit, self.trace_out = name, limit, trace_out
         self.size_limit = size_limit
+        self.progress = progress  # fdsl.progress: a line on stderr while long work runs
         self.steps = 0
         self.last = deque(maxlen=24)
         self.start = T.built()
@@ -214,6 +216,8 @@ class Stepper:
         """Count a step of ``rule`` (whose right side built ``cells`` new term cells)."""
         self.steps += 1
         self.last.append(rule)
+        if self.progress is not None and not self.steps % PROGRESS_EVERY:
+            self.progress.update(PROGRESS_EVERY)
         if self.trace_out is not None:
             self.trace_out.write("[%s %s] %s  =>  %s\n" % (rule.name, rule.where(), before, after))
         if self.steps > self.limit:
@@ -421,8 +425,17 @@ class Engine:
         """Apply the ruleset or strategy ``name`` to ``t``."""
         limit = options.get("step_limit") or DEFAULT_STEP_LIMIT
         trace = options.get("trace_out") if options.get("trace") else None
-        stepper = Stepper(name, limit, trace, options.get("size_limit") or DEFAULT_SIZE_LIMIT)
-        return self._run_step(self.book.step_of(name), t, stepper)
+        progress = None
+        if options.get("progress") and trace is None:
+            from . import progress as P
+
+            progress = P.start(name)
+        stepper = Stepper(name, limit, trace, options.get("size_limit") or DEFAULT_SIZE_LIMIT, progress)
+        try:
+            return self._run_step(self.book.step_of(name), t, stepper)
+        finally:
+            if progress is not None:
+                progress.close()
 
     def _run_step(self, step, t, stepper):
         kind, x = step

@@ -36,7 +36,7 @@ from .inputs import read_source
 from .parse import Node, ToAst, _parser, syntax_error
 from . import terms as T
 from .ops import ShapeError
-from .patterns import Bag, Num, Op, Seq, Var, Word, build, variables
+from .patterns import Bag, Num, Op, Seq, Var, Word, build, heads, variables
 from .resources import stdlib_dir
 from .rewrite import BUILTIN_STRATEGIES, PREDICATES, Engine, Rule, Strategy
 
@@ -355,6 +355,8 @@ class RuleBook:
             elif kind == "ruleset":
                 name = item["name"]
                 self._check_free_name(name, "ruleset", err, item)
+                if name not in self.rulesets:
+                    self._check_not_a_misspelling(name, "ruleset", err, item)
                 if name in self.strategies:
                     raise err("%s is already a strategy (%s:%d)" % (name, self.strategies[name].file,
                                                                     self.strategies[name].line), item)
@@ -372,6 +374,8 @@ class RuleBook:
             elif kind == "strategy":
                 name = item["name"]
                 self._check_free_name(name, "strategy", err, item)
+                if name not in self.rulesets and name not in self.strategies:
+                    self._check_not_a_misspelling(name, "strategy", err, item)
                 if name in self.rulesets or name in self.strategies:
                     raise err("%s is already defined" % name, item)
                 self.strategies[name] = Strategy(name, [self._step(s) for s in item["steps"]], display, item["line"])
@@ -391,6 +395,21 @@ class RuleBook:
 
         if name in O.OPS or name in FUNCTIONS:
             raise err("%s %s would hide the %s %s" % (what, name, "operator" if name in O.OPS else "function", name), item)
+
+    def _check_not_a_misspelling(self, name, what, err, item):
+        """A new ruleset or strategy whose name is one letter or only case away from an existing
+        one is almost surely meant to be that one (``ruleset expandall`` to extend ``expandAll``):
+        as a new, empty ruleset it would silently change nothing. Refuse it, naming the other."""
+        for other in list(self.rulesets) + list(self.strategies) + list(BUILTIN_STRATEGIES):
+            if other.lower() == name.lower() or _one_edit_apart(other, name):
+                kind = "ruleset" if other in self.rulesets else "strategy"
+                if what == kind == "ruleset":
+                    raise err("ruleset %s would be a new, empty ruleset, but there is a ruleset %s: to add "
+                              "rules to it write ruleset %s (names are case-sensitive); for a new ruleset, "
+                              "choose a name further from %s" % (name, other, other, other), item)
+                raise err("%s %s is one letter or only case away from the %s %s: did you mean %s? For a "
+                          "new %s, choose a name further from %s" % (what, name, kind, other, other, what, other),
+                          item)
 
     def _step(self, s):
         kind, x = s
@@ -527,6 +546,29 @@ class RuleBook:
             return ("strategy", name)
         return ("builtin", name)
 
+    def heads(self, name: str):
+        """The operators at the root of a left side of some rule that the ruleset or strategy
+        ``name`` can apply, or None when one of its rules or built-in steps can apply anywhere.
+        A term with none of these operators anywhere is left as it is."""
+        out, seen, stack = set(), set(), [self.step_of(name)]
+        while stack:
+            kind, x = stack.pop()
+            if kind == "builtin":
+                return None
+            if kind in ("topdown", "bottomup", "once", "fixpoint"):
+                stack.append(x)
+            elif (kind, x) not in seen:
+                seen.add((kind, x))
+                if kind == "strategy":
+                    stack.extend(self.strategies[x].steps)
+                else:
+                    for rule in self.rules_of(x):
+                        hs = heads(rule.lhs)
+                        if hs is None:
+                            return None
+                        out |= hs
+        return out
+
     def has_ruleset(self, name: str) -> bool:
         return name in self.rulesets or name in self.strategies or name in BUILTIN_STRATEGIES
 
@@ -552,6 +594,19 @@ class RuleBook:
         if isinstance(value, list):
             return [self.apply(name, v, options) for v in value]
         return self.engine.run(name, as_term(value, "the argument of %s" % name), options)
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    """True if one letter inserted, deleted or changed turns ``a`` into ``b``."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    # the first difference: skip one letter of the longer name, or one of each if equally long
+    return a[i + (len(a) == len(b)):] == b[i + 1:]
 
 
 # Patterns are compiled and matched by recursion over their (small) trees: a rule or an operator's

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import forms
 from . import terms as T
-from .cli import subcommand
+from .cli import FILE_HELP, subcommand
 from .errors import FdslError
 from .functions import as_int, describe, function
 from .statements import Write, perform_all, target_of
@@ -300,7 +300,7 @@ def _register(sub):
 
     p = sub.add_parser("train", help="follow the flow of a 1-form (under the file's metric; Euclidean: gradient "
                        "descent) with its symbolic gradients, watching what you ask for")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form, e.g. a definition w = form(E): "
                    "each step moves W by lr flow(w, W), which for form(E) descends 1/2 ||E||^2")
     p.add_argument("--steps", type=int, required=True, metavar="N", help="number of steps")

@@ -140,7 +140,7 @@ def test_a_repeated_factor_is_one_edge_with_both_positions(encoder):
 
 
 def test_weights_coloured_by_layer_constants_grey(encoder):
-    graph = tg.term_graph(encoder["E"])
+    graph = tg.term_graph(encoder.expr("Y - encoder(2)"))  # the body of E := ...: no let drawn
     fill = {data["label"]: data["dot"].get("fillcolor") for _, data in graph.nodes(data=True) if data["op"] == "sym"}
     assert fill["Q_0"] == fill["K_0"] == fill["b_0"] == tg.PALETTE[0]
     assert fill["Q_1"] == fill["W_1"] == tg.PALETTE[1]
@@ -487,9 +487,9 @@ def test_cli_diagram(tmp_path):
     assert done.returncode == 0, done.stderr
     written = out if HAVE_DOT else out.with_suffix(".dot")
     assert written.exists()
-    assert done.stdout.strip() == "wrote %s (41 nodes)" % written
+    assert done.stdout.strip() == "wrote %s (42 nodes)" % written  # the body and E := ... itself
     if HAVE_DOT:
-        assert svg_nodes(out.read_text()) == 41
+        assert svg_nodes(out.read_text()) == 42
 
 
 def test_cli_diagram_of_any_expression(tmp_path):

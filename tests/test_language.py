@@ -16,7 +16,8 @@ import pytest
 import fdsl
 from fdsl import printers
 from fdsl import terms as T
-from fdsl.functions import as_term
+from fdsl.forms import weights
+from fdsl.functions import as_term, render
 from fdsl.program import Family
 from fdsl.terms import Symbol, dag_size, tree_size
 
@@ -325,12 +326,11 @@ def test_load_and_parse_give_programs_of_terms(examples):
 
 def test_effects_wait_for_run(examples):
     program = fdsl.load(examples / "encoder2.fd")
-    assert len(program.effects) == 4
+    assert len(program.effects) == 5
     out = io.StringIO()
     program.run(out)
-    lines = out.getvalue().splitlines()
-    E = program["E"]
-    assert lines == [printers.text(E), printers.string(E), printers.html(E), printers.latex(E)]
+    assert out.getvalue().splitlines()[0] == "-trace(E^t dE)"
+    assert program.effects == []
 
 
 def test_show_spellings():
@@ -351,14 +351,26 @@ def test_command_keywords_match_the_statement_table(repo):
 
 
 def test_run_encoder2_through_the_cli(run_fdsl, examples, encoder2):
+    """The README's first command does the main job: the form, the size of the manual's expanded
+    form, a coefficient of the normal form for a weight of each layer, and the manual's question."""
     proc = run_fdsl("run", examples / "encoder2.fd")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    E = encoder2["E"]
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 4
-    assert lines[0] == printers.text(E)
-    assert lines[0].startswith("Y - (m(a(s (m(a(s X Q_0 K_0^t X^t) X V_0 + C b_0) W_0 + C f_0) Q_1 K_1^t")
-    assert lines[1] == printers.string(E) and as_term(encoder2.expr(lines[1])) is E
-    assert lines[2] == printers.html(E) and lines[2].startswith('<span class="fdsl"><i>Y</i> &minus; (')
-    assert lines[3] == printers.latex(E)
+    N = encoder2["N"]
+    expected = [printers.text(encoder2["w"]), str(len(T.summands(encoder2.expr("forms(E)"))))]
+    expected += [render(encoder2.expr(x), encoder2.named_terms()) for x in
+                 ("coeff(N, W[1])", "coeff(N, W[0])", "depends(coeff(N, K[0]), Q[1])")]
+    assert proc.stdout == "\n".join(expected) + "\n"
+    assert proc.stdout.startswith("-trace(E^t dE)\n")
+    assert "true, via " in proc.stdout and proc.stdout.rstrip().endswith("Q_1")
+    assert {x.data[0].name for x in weights(N)} == {"Q", "K", "V", "W", "b", "f"}
+    assert len(T.summands(N)) == 12  # one term per weight of the two layers
+
+
+def test_trace_of_encoder2_shows_the_rules_firing(run_fdsl, examples):
+    proc = run_fdsl("run", "--trace", examples / "encoder2.fd")
+    assert proc.returncode == 0, proc.stderr
+    fired = {line.split()[0][1:] for line in proc.stderr.splitlines() if line.startswith("[")}
+    assert {"leibniz", "d-relu", "d-softmax", "flip-mm", "flip-aa", "cycle", "collect"} <= fired
+
+

@@ -103,7 +103,7 @@ def test_program_displays_declarations_and_definitions(p):
     for line in ("dim n = 8, d = 6, k = 4, h = 5", "const X, Y : n x d", "const C : n x 1 = ones",
                  "scalar s = k^(-1/2)", "weight Q[i], K[i] : d x k", "weight f[i] : 1 x d",
                  "layer(i, Z) = m(a(s Z Q[i] K[i]^t Z^t) Z V[i] + C b[i]) W[i] + C f[i]",
-                 "encoder(0) = X", "encoder(L) = layer(L-1, encoder(L-1))", "E = Y - encoder(2)", "w = form(E)"):
+                 "encoder(0) = X", "encoder(L) = layer(L-1, encoder(L-1))", "E := Y - encoder(2)", "w = form(E)"):
         assert line in text.splitlines(), line
     assert "# comment" not in text and "sizes; a dim" not in text  # comments are not part of it
     html = p._repr_html_()

@@ -154,7 +154,7 @@ def test_strategies_keep_the_value_of_scalar_one_forms(w, seed):
     except NotDifferentiable:
         assume(False)
     for name in FORM_STRATEGIES:
-        after = PROGRAM.apply_rules(name, w)
+        after = PROGRAM.apply_rules(name, w, check=False)  # the rewriting alone; normal forms are checked elsewhere
         assert after.scalar
         try:
             got = value(after, vals, tangent)

@@ -3,10 +3,13 @@ one in examples/, and .ci/run runs its test command as written."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -25,8 +28,10 @@ def test_the_example_and_its_output_are_real():
 
 
 def test_set_up_commands_are_the_main_job_and_the_tests():
-    commands = [b.strip() for b in BLOCKS if b.count("\n") == 1]
-    assert "pip install . && fdsl run examples/encoder2.fd" in commands
+    commands = [b.strip() for b in BLOCKS if b.count("\n") <= 2]
+    # a virtual environment first: Debian's and Ubuntu's own Python refuse a bare pip install
+    assert "python3 -m venv .venv && . .venv/bin/activate\npip install . && fdsl run examples/encoder2.fd" \
+        in commands
     test_command = "python -m pip install -e '.[test]' && python -m pytest -q"
     assert test_command in commands
     ci = (ROOT / ".ci" / "run").read_text()
@@ -61,6 +66,57 @@ def test_the_gpt_example_its_output_and_its_training_are_real():
     assert r.returncode == 0, r.stderr
     last = r.stdout.strip().splitlines()[-1]
     assert "ends with `%s`" % last in README
+
+
+def test_the_encoder_shown_is_the_example_file():
+    program = (ROOT / "examples" / "encoder2.fd").read_text()
+    shown = next(b for b in BLOCKS if b.startswith("dim n = 8, d = 6, k = 4, h = 5") and "encoder(L)" in b)
+    assert shown.strip() == program.split("\n", 1)[1].strip()
+
+
+# ---- transcripts: blocks of "$ COMMAND" lines, each followed by its output ----------------------------
+
+TRANSCRIPTS = [b for b in BLOCKS if b.startswith("$ ")]
+
+
+def _steps(block):
+    """(command, expected output, whole?) for each "$ " line; an output ending in a line "..." is
+    a prefix of the real one."""
+    steps = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            steps.append([line[2:], []])
+        else:
+            steps[-1][1].append(line)
+    out = []
+    for command, lines in steps:
+        whole = not (lines and lines[-1] == "...")
+        out.append((command, "\n".join(lines if whole else lines[:-1]) + ("\n" if lines else ""), whole))
+    return out
+
+
+def test_the_readme_has_transcripts_of_the_main_commands():
+    commands = [c for b in TRANSCRIPTS for c, _, _ in _steps(b)]
+    assert "fdsl run examples/encoder2.fd" in commands
+    assert "fdsl --version" in commands and "python -m fdsl --help" in commands
+    assert any(c.endswith("| fdsl run -") for c in commands)
+    assert any(c.startswith("fdsl run -e ") for c in commands)
+
+
+@pytest.mark.parametrize("command, expected, whole",
+                         [s for b in TRANSCRIPTS for s in _steps(b)], ids=lambda x: str(x)[:40])
+def test_transcript_output_is_real(command, expected, whole):
+    """Each command of a README transcript, run in a shell with ``fdsl`` this checkout's."""
+    env = dict(os.environ, COLUMNS="80", PYTHONPATH=str(ROOT), FDSL_PROGRESS="0")
+    script = 'fdsl() { "%s" -m fdsl "$@"; }\npython() { "%s" "$@"; }\n%s' % (sys.executable, sys.executable, command)
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    if whole:
+        assert r.stdout == expected
+    else:
+        assert r.stdout.startswith(expected)
 
 
 def test_the_deep_encoder_section_is_the_natural_program_and_its_real_output():

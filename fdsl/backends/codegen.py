@@ -54,7 +54,7 @@ from typing import Mapping, NamedTuple, Optional
 from .targets import DTYPES, TARGETS
 from .. import forms
 from .. import terms as T
-from ..cli import subcommand
+from ..cli import FILE_HELP, subcommand
 from ..errors import FdslError
 from ..ops import OPS
 from ..printers import text
@@ -1192,7 +1192,7 @@ def _cmd_codegen(args) -> int:
 @subcommand
 def _register(sub):
     p = sub.add_parser("codegen", help="write a standalone numpy (or torch) module computing every gradient of a 1-form")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) or an "
                    "expression; normalised with backprop unless it already is a normal form")
     p.add_argument("-o", "--output", required=True, metavar="grads.py", help="where to write the module")

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..cli import subcommand
+from ..cli import FILE_HELP, subcommand
 from ..errors import FdslError
 from ..functions import describe, function
 from ..progress import slow
@@ -416,7 +416,7 @@ def _limits(p):
 @subcommand
 def _register(sub):
     p = sub.add_parser("diagram", help="draw a term graph with Graphviz (.svg .png .pdf, or .dot)")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     p.add_argument("--expr", required=True, metavar="NAME",
                    help="a definition's name or any expression, e.g. E or 'coeff(w, K[5])'")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="out.svg, out.png, out.pdf or out.dot")
@@ -430,7 +430,7 @@ def _register(sub):
     p.set_defaults(func=_cmd_diagram)
 
     q = sub.add_parser("deps", help="draw which weights reach which coefficient, or how one weight reaches one")
-    q.add_argument("file")
+    q.add_argument("file", help=FILE_HELP)
     q.add_argument("--form", required=True, metavar="NAME",
                    help="a 1-form: a definition's name or an expression, e.g. w or 'form(E)'")
     q.add_argument("-o", "--output", required=True, metavar="OUT", help="deps.svg, .png, .pdf or .dot")

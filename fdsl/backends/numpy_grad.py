@@ -30,7 +30,7 @@ import numpy as np
 from . import numpy_eval
 from .. import forms
 from .. import terms as T
-from ..cli import add_limit_options, set_limits, subcommand
+from ..cli import FILE_HELP, add_limit_options, set_limits, subcommand
 from ..errors import FdslError
 from ..functions import as_term, describe, function
 from ..printers import text
@@ -266,7 +266,7 @@ def add_value_options(p) -> None:
 @subcommand
 def _register(sub):
     p = sub.add_parser("grad", help="write the gradient of a 1-form for every weight to an .npz file")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) "
                    "or an expression; grad(form(E), W) = -dL/dW for L = 1/2 ||E||^2")
     p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write one array per weight")
