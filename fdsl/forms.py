@@ -119,7 +119,7 @@ def why_not_normal(s: Term):
         if x.op in OPS and OPS[x.op].kind == "function" and not OPS[x.op].differential:
             params = ", ".join("?" + p for p in "ABCDEFGH"[:len(x.args)])
             return ("d(%s) is left as it is: no rule differentiates the operator %s; add one to ruleset "
-                    "differentiate, e.g. rule d-%s: d(%s(%s)) => ... (examples/tanh.rules shows how)"
+                    "differentiate, e.g. rule d-%s: d(%s(%s)) => ... (examples/softplus.rules shows how)"
                     % (_short(x, 60), x.op, x.op, x.op, params))
         return "d(%s) is left as it is: no rule expands it" % _short(x, 60)
     if not s.has_d:

@@ -125,12 +125,12 @@ def test_printing_the_natural_encoder_64_writes_each_layer_once():
 
 
 def test_rule_files_reach_the_shared_form(tmp_path, run_fdsl, examples):
-    """A rule file that extends expandAll, expandmm, transpose and shiftmm (examples/tanh.rules)
+    """A rule file that extends expandAll, expandmm, transpose and shiftmm (examples/softplus.rules)
     is seen by normal at depth, by fdsl grad of form(E) and of normal(form(E)) alike."""
-    rules = (examples / "tanh.rules").read_text()
-    (tmp_path / "tanh.rules").write_text(rules)
-    src = ('rules "tanh.rules"\ndim n = 5, d = 4\nconst X : n x d, Y : n x d\nweight U[i] : d x d\n'
-           "net(0) = X\nnet(L) = tanh(net(L-1) U[L-1]) + net(L-1)\nE = Y - net(3)\nw = form(E)\n")
+    rules = (examples / "softplus.rules").read_text()
+    (tmp_path / "softplus.rules").write_text(rules)
+    src = ('rules "softplus.rules"\ndim n = 5, d = 4\nconst X : n x d, Y : n x d\nweight U[i] : d x d\n'
+           "net(0) = X\nnet(L) = softplus(net(L-1) U[L-1]) + net(L-1)\nE = Y - net(3)\nw = form(E)\n")
     (tmp_path / "t.fd").write_text(src)
     outs = {}
     for form in ("form(E)", "normal(form(E))"):

@@ -167,6 +167,43 @@ def _ddlayernorm(A, U, B):
     return -inv * (mU * JB + mB * JU + Xhat * (JU * B).mean(dim=-1, keepdim=True))
 
 
+def _sigmoid(A):
+    return torch.sigmoid(A)
+
+
+def _gelu(A):
+    return torch.nn.functional.gelu(A)
+
+
+def _dgelu(A, B):
+    return (0.5 * (1.0 + torch.erf(A * 0.7071067811865476)) + A * torch.exp(-0.5 * A * A) * 0.3989422804014327) * B
+
+
+def _ddgelu(A, B):
+    return torch.exp(-0.5 * A * A) * 0.3989422804014327 * (2.0 - A * A) * B
+
+
+def _dtanh(A, B):
+    return (1.0 - torch.tanh(A) ** 2) * B
+
+
+def _dsigmoid(A, B):
+    S = torch.sigmoid(A)
+    return S * (1.0 - S) * B
+
+
+def _layernorm(A):
+    return _layer_parts(A)[0]
+
+
+def _logsoftmax(A):
+    return torch.log_softmax(A, dim=-1)
+
+
+def _dlogsoftmax(A, B):
+    return B - (torch.softmax(A, dim=-1) * B).sum(dim=-1, keepdim=True)
+
+
 class _np:
     """The numpy functions that fdsl's operator templates name (``fdsl.ops.NUMPY_FUNCTIONS``, the
     trace and relu), in torch: a rule file's operator runs on tensors unchanged."""
