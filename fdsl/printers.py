@@ -25,6 +25,7 @@ from .share import Sharing, printed_names
 from .terms import Term, postorder
 
 SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
+_KEEP = 2000  # printed texts longer than this are not kept once the printing that made them is done
 
 
 class Style:
@@ -190,9 +191,23 @@ class Printer:
         memo = self.memo
         if t in memo:
             return
-        for node in postorder(t, descend=lambda n: n not in memo and n.op != "let"):
-            if node not in memo:
-                memo[node] = self._node(node)
+        todo = [n for n in postorder(t, descend=lambda n: n not in memo and n.op != "let") if n not in memo]
+        # A long text is let go once every node of this printing that uses it has been printed:
+        # a chain m(m(...)) n deep would otherwise keep n texts of up to n characters each
+        # (quadratic memory); kept, short texts make the next printing of a shared node free.
+        waiting: dict = {}
+        for node in todo:
+            if node.op != "let":
+                for c in node.args:
+                    waiting[c] = waiting.get(c, 0) + 1
+        for node in todo:
+            memo[node] = self._node(node)
+            if node.op == "let":
+                continue
+            for c in node.args:
+                waiting[c] -= 1
+                if not waiting[c] and c is not t and len(memo[c][0]) > _KEEP:
+                    del memo[c]
 
     def _at(self, child, prec):
         text, p, _ = self.memo[child]

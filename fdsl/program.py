@@ -100,6 +100,7 @@ class Program:
         self._runaway = None  # the innermost call when Python's recursion limit is hit
         self._src = (filename, "")
         self.values = None  # the numpy backend's symbol values, when given
+        self.last_shown = None  # the value the last show printed (the repl's _)
         self.metric = None  # fdsl.metrics.Metric: what `metric` statements chose (Euclidean if none)
         _load_function_modules()
         from .rules import RuleBook

@@ -32,12 +32,15 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from .cli import subcommand
 from .errors import FdslError
+from .terms import Term
 
 PROMPT = "fdsl> "
 CONTINUATION = "  ... "
@@ -174,10 +177,39 @@ def _pager(session, arg):
     session.say("pager is %s" % session.pager)
 
 
-@command(":diagram EXPR", "draw the term graph of EXPR with Graphviz")
-def _diagram(session, arg):
+@command(":who", "the names this session has declared and defined, by kind")
+def _who(session, arg):
+    session.show(who(session.program) or "nothing declared or defined yet")
+
+
+@command(":reset", "start afresh: forget every declaration and definition (options and --rules stay)")
+def _reset(session, arg):
+    session.reset()
+    session.say("the session is empty")
+
+
+@command(":time EXPR", "evaluate EXPR (or any input), show it, and say how long it took")
+def _time(session, arg):
     if not arg:
-        raise FdslError("usage: :diagram EXPR")
+        raise FdslError("usage: :time EXPR")
+    wall, cpu = time.perf_counter(), time.process_time()
+    ok = session.run(arg)
+    session.say("time: %.3f s (cpu %.3f s)%s" % (time.perf_counter() - wall, time.process_time() - cpu,
+                                                 "" if ok else ", failed"))
+
+
+@command(":diagram EXPR [-o FILE]", "draw the term graph of EXPR with Graphviz, to FILE or a temporary file")
+def _diagram(session, arg):
+    m = re.fullmatch(r"(.*?)\s+(?:-o|--output)\s+(\S+)", arg)
+    expr, path = (m.group(1), m.group(2)) if m else (arg, None)
+    if not expr:
+        raise FdslError("usage: :diagram EXPR [-o FILE]")
+    if path is None:  # not into the current folder unless asked: a file of its own in the temp folder
+        folder = Path(tempfile.gettempdir()) / ("fdsl-%d" % os.getuid() if hasattr(os, "getuid") else "fdsl")
+        folder.mkdir(mode=0o700, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="diagram-", suffix=".svg", dir=folder)
+        os.close(fd)
+    arg = expr
     try:
         backend = importlib.import_module("fdsl.backends.graphviz")
     except ImportError:
@@ -186,7 +218,7 @@ def _diagram(session, arg):
     if draw is None:
         session.say("diagrams are unavailable: this fdsl has no Graphviz backend (fdsl.backends.graphviz)")
         return
-    result = draw(session.program, arg)
+    result = draw(session.program, arg, path)
     if result:
         session.show(str(result))
 
@@ -219,6 +251,9 @@ def help_text(program, name: str = "") -> str:
     operators = {n: op for n, op in OPS.items() if op.kind == "function"}
     if name:
         name = name.lstrip(":")
+        own = describe_name(program, name)
+        if own is not None:
+            return own
         if name in FUNCTIONS:
             return "%s\n    %s" % (FUNCTIONS[name].signature, FUNCTIONS[name].doc)
         if name in operators:
@@ -230,7 +265,8 @@ def help_text(program, name: str = "") -> str:
         if program.rulebook is not None and hasattr(program.rulebook, "ruleset_names") \
                 and name in program.rulebook.ruleset_names():
             return "%s(E)\n    a ruleset: :rules %s shows its rules" % (name, name)
-        raise FdslError("no help for %r: it is not a function, operator, statement or command" % name)
+        raise FdslError("no help for %r: it is not a name of this session, a function, operator, statement or "
+                        "command (:who lists the session's names)" % name)
 
     def table(rows):
         rows = list(rows)
@@ -255,6 +291,55 @@ def help_text(program, name: str = "") -> str:
     return "\n".join(lines)
 
 
+def describe_name(program, name: str) -> Optional[str]:
+    """What a name of the session is: a dim, a symbol or family (kind, shape, where declared), a
+    definition (its value and shape) or a function's clauses; None if it is none of these."""
+    from .functions import render
+
+    where = program.declared_at.get(name)
+    where = "  (%s)" % where if where else ""
+    if name in program.dims:
+        size = program.dims[name]
+        return "dim %s%s%s" % (name, "" if size is None else " = %d" % size, where)
+    if name in program.symbols:
+        t = program.symbols[name]
+        return "%s %s : %s%s" % (t.data[0].kind, name, _shape_text(t), where)
+    if name in program.families:
+        fam = program.families[name]
+        return "%s %s[%s] : %s x %s%s" % ((fam.kind, name, ", ".join(fam.indices)) + tuple(fam.shape) + (where,))
+    if name in program.definitions:
+        value = program.definitions[name]
+        lines = ["%s %s %s" % (name, ":=" if isinstance(value, Term) and value.op == "let" else "=",
+                               render(value.args[0] if isinstance(value, Term) and value.op == "let" else value))]
+        if isinstance(value, Term):
+            lines.append("    shape %s" % _shape_text(value))
+        return "\n".join(lines)
+    if name in program.clauses:
+        lines = []
+        for c in program.clauses[name]:
+            text = c.source[1].splitlines()[c.line - 1].split("#")[0].strip() if c.source[1] else name
+            lines.append("%s  (%s:%d)" % (text, c.source[0], c.line))
+        return "\n".join(lines)
+    return None
+
+
+def _shape_text(t) -> str:
+    return "scalar" if t.scalar else "(%s x %s)" % t.shape
+
+
+def who(program) -> str:
+    """``:who``: the session's names, one line per kind."""
+    kinds = [("dims", list(program.dims)), ("weights", []), ("consts", []), ("scalars", []),
+             ("definitions", [n for n in program.definitions if n != "_"]),
+             ("functions", ["%s(%s)" % (n, ", ".join(map(str, cs[-1].params))) for n, cs in program.clauses.items()])]
+    table = dict(kinds)
+    for name, t in program.symbols.items():
+        table.setdefault(t.data[0].kind + "s", []).append(name)
+    for name, fam in program.families.items():
+        table.setdefault(fam.kind + "s", []).append("%s[%s]" % (name, ", ".join(fam.indices)))
+    return "\n".join("%-12s %s" % (kind + ":", ", ".join(names)) for kind, names in table.items() if names)
+
+
 def _op_signature(op) -> str:
     params = op.params or tuple("ABCDEFGH"[: op.arity or 2])
     return "%s(%s)" % (op.name, ", ".join(params))
@@ -276,21 +361,38 @@ class Session:
         self.pager = pager or os.environ.get("FDSL_PAGER", "auto").strip().lower() or "auto"
         if self.pager not in ("on", "off", "auto"):
             self.pager = "auto"
+        self.rule_files: list = []  # --rules given on the command line: :reset keeps them
         self.done = False
         self.failed = False  # some input failed: the exit status of a script run is 2
 
+    def reset(self) -> None:
+        """A fresh program with this session's options and rule files (``:reset``)."""
+        from .program import Program
+
+        old = self.program
+        self.program = Program("<repl>", Path.cwd())
+        self.program.trace_out = self.err
+        self.program.options.update(old.options)
+        for path in self.rule_files:
+            self.program.load_rules(path)
+
     # ---- doing one input
-    def run(self, text: str) -> bool:
-        """Do one input (fdsl or a :command); report errors and go on. False if it failed."""
+    def run(self, text: str, line: int = 1, filename: str = "<repl>") -> bool:
+        """Do one input (fdsl or a :command); report errors and go on. False if it failed.
+        ``line``: where the input starts in ``filename`` (piped input counts its lines)."""
         if not text.strip():
             return True
         try:
             stripped = text.strip()
-            if stripped.startswith(":"):
+            asked = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*\?", stripped)  # NAME? as in IPython
+            if asked:
+                _help(self, asked.group(1))
+            elif stripped.startswith(":"):
                 word, _, arg = stripped[1:].partition(" ")
                 find_command(word).run(self, arg.strip())
             else:
-                self._feed(joined(text), "<repl>", hint=_shown_expression(text))
+                # blank lines in front keep the line numbers of errors those of the whole input
+                self._feed("\n" * (line - 1) + joined(text), filename, hint=_shown_expression(text))
             return True
         except FdslError as e:
             # a position only means something for fdsl text; a :command's error is its message
@@ -325,12 +427,15 @@ class Session:
 
     def _feed(self, text: str, filename: str, hint: Optional[str] = None) -> None:
         program = self.program
+        program.last_shown = None
         try:
             program.feed(text, filename)
         except BaseException:
             # an input that fails does nothing, as a file that fails prints nothing
             program.effects.clear()
             raise
+        if program.last_shown is not None:
+            program.definitions["_"] = program.last_shown  # _ is the last value shown
         buf = io.StringIO()
         try:
             from .statements import perform_all
@@ -637,7 +742,16 @@ def interactive(session: Session) -> None:
         else:
             buf.validate_and_handle()
 
+    try:  # syntax highlighting of what is typed (Pygments); without it, plain text
+        from prompt_toolkit.lexers import PygmentsLexer
+
+        from .highlight import FdslLexer
+
+        lexer = PygmentsLexer(FdslLexer)
+    except ImportError:
+        lexer = None
     prompt = PromptSession(history=history, completer=_make_completer(session), complete_while_typing=False,
+                           lexer=lexer,
                            multiline=True, key_bindings=keys, enable_history_search=False,
                            prompt_continuation=lambda width, line, wrap: CONTINUATION)
     session.say(BANNER)
@@ -650,23 +764,26 @@ def interactive(session: Session) -> None:
             break
 
 
-def script(session: Session, stream) -> None:
-    """No terminal: read inputs line by line, no prompt, joining lines the way the prompt does."""
-    pending = ""
-    for line in stream:
+def script(session: Session, stream, filename: str = "<stdin>") -> None:
+    """No terminal: read inputs line by line, no prompt, joining lines the way the prompt does;
+    errors name the line of the stream where they are (``<stdin>:12:5``)."""
+    pending, start = "", 1
+    for number, line in enumerate(stream, 1):
         line = line.rstrip("\n")
         if pending and not line.strip():
-            session.run(pending)  # an empty line ends an incomplete input: show its error
+            session.run(pending, start, filename)  # an empty line ends an incomplete input: show its error
             pending = ""
             continue
+        if not pending:
+            start = number
         pending = pending + "\n" + line if pending else line
         if not needs_more(pending):
-            session.run(pending)
+            session.run(pending, start, filename)
             pending = ""
         if session.done:
             return
     if pending.strip():
-        session.run(pending)
+        session.run(pending, start, filename)
 
 
 # ---- fdsl repl -----------------------------------------------------------------------------------
@@ -679,6 +796,7 @@ def _cmd_repl(args) -> int:
     setup, after = run_setup(args)
     for r in args.rules or ():
         session.program.load_rules(r)
+        session.rule_files.append(r)
     setup(session.program)
     use_terminal = _isatty(sys.stdin) and _isatty(sys.stdout)
     if args.file:

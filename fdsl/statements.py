@@ -178,7 +178,9 @@ def _string_arg(value, what):
 @statement("show", "show EXPR[, EXPR...]", "print the value of each expression (an expression alone does the same)")
 def _show(program, st):
     for node in st.items:
-        program.effects.append(Print(render(program.evaluate(node, {}), program.named_terms())))
+        value = program.evaluate(node, {})
+        program.last_shown = value  # the repl's _
+        program.effects.append(Print(render(value, program.named_terms())))
 
 
 @statement("rules", 'rules "FILE.rules"', "load a rule file (path relative to this program); its rulesets become functions")

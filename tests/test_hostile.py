@@ -163,7 +163,7 @@ CASES = [
          code=0, stdout=r"^X$"),
     Case("deep-derivative", {"p.fd": HEAD + "random 0\nx = %s\nshow nodes(expandAll(d(x)))\nshow eval(x)\n"
                              % nested("m(", ")", "W", 20_000)}, ["run", "p.fd"], code=0, stdout=r"^40001\n"),
-    Case("deep-printing", {"p.fd": HEAD + "x = %s\nshow x\nshow string(x)\n" % nested("a(", ")", "X", 20_000)},
+    Case("deep-printing", {"p.fd": HEAD + "x = %s\nshow x\nshow string(x)\nshow latex(x)\n" % nested("a(", ")", "X", 50_000)},
          ["run", "p.fd"], code=0, stdout=r"^a\(a\(a\("),
     Case("deep-rule", {"p.fd": 'rules "r.rules"\n', "r.rules": "ruleset r\nrule x: %s => ?A\n" % nested("m(", ")", "?A")},
          ["run", "p.fd"], message=r"^r\.rules:2:9: rule x nests more than 1000 levels deep"),

@@ -28,6 +28,11 @@ TIMEOUT = 30
 ENCODER1 = "m(a(s X Q_0 K_0^t X^t) X V_0 + C b_0) W_0 + C f_0"
 
 
+def coloured(text: str) -> str:
+    """A pattern for ``text`` as the prompt draws it: highlighted, with colour escapes between tokens."""
+    return r"(\x1b\[[0-9;]*m)*".join(re.escape(c) for c in text)
+
+
 class Terminal:
     """``fdsl repl ARGS`` in a pseudo-terminal of ROWS x COLS."""
 
@@ -148,10 +153,10 @@ def test_tab_completes_declared_names_and_commands(terminal):
     # completion is asynchronous in prompt_toolkit: wait for what it adds to appear on the screen
     # (prompt_toolkit redraws only what changed) before typing on
     t.keys("enco\t")
-    t.child.expect(r"der\(")
+    t.child.expect(r"der(\x1b\[[0-9;]*m)*\(")  # the input is highlighted: colours between the letters
     assert t.run("1)") == ENCODER1 + "\n"
     t.keys("lay\t")
-    t.child.expect(r"er\(")
+    t.child.expect(r"er(\x1b\[[0-9;]*m)*\(")
     assert t.run("0, X)") == ENCODER1 + "\n"
     t.keys(":he\t")
     t.child.expect("lp")
@@ -185,14 +190,14 @@ def test_history_is_kept_across_sessions(terminal, tmp_path):
     second = terminal()
     for _ in range(TIMEOUT):  # prompt_toolkit loads the history file in the background: press up until it is there
         second.keys("\x1b[A")
-        if second.child.expect([r"show 1234 \+ 1", pexpect.TIMEOUT], timeout=1) == 0:
+        if second.child.expect([coloured("show 1234 + 1"), pexpect.TIMEOUT], timeout=1) == 0:
             break
     else:
         pytest.fail("the up-arrow did not recall the previous session's input")
     assert second.run("") == "1235\n"
     assert second.run("6*7") == "42\n"
     second.keys("\x12" + "1234")  # Ctrl-R: search back for 1234
-    second.child.expect(r"\+ 1")  # the line found is on the screen
+    second.child.expect(coloured("+ 1"))  # the line found is on the screen
     second.keys("\r")  # Enter ends the search with the line found; the next Enter runs it
     assert second.run("") == "1235\n"
 
@@ -270,5 +275,16 @@ def test_piped_input_runs_without_a_terminal():
     bad = subprocess.run([sys.executable, "-m", "fdsl.cli", "repl"], cwd=ROOT, env=env,
                          input="show 1\nshow foo\nshow 2\n", capture_output=True, text=True, timeout=TIMEOUT)
     assert bad.stdout == "1\n2\n"
-    assert "<repl>:1:6: unknown name 'foo'" in bad.stderr
+    assert "<stdin>:2:6: unknown name 'foo'" in bad.stderr  # the line of the input that failed
     assert bad.returncode == 2
+
+
+def test_the_prompt_highlights_what_is_typed(terminal):
+    t = terminal()
+    t.keys("dim n")
+    # the keyword is drawn with a colour: an SGR escape (ESC [ ... m) right before it
+    t.child.expect(r"\x1b\[[0-9;]*m\s*dim")
+    assert t.run("") == ""
+    assert t.run("n?") == "dim n  (dim at <repl>:1)\n"
+    assert t.run("6*7") == "42\n" and t.run("_ + 1") == "43\n"  # _ is the last value shown
+    assert t.quit_with(":quit\r") == 0

@@ -98,7 +98,7 @@ def test_a_command_error_is_its_message_without_a_position():
     s = session()
     assert not s.run(":frobnicate")
     assert errors(s).startswith("unknown command :frobnicate; the commands are :load, ")
-    assert not s.run(":t maybe")  # :trace and nothing else starts with t
+    assert not s.run(":tr maybe")  # :trace and nothing else starts with tr
     assert "usage: :trace on|off" in errors(s)
 
 
@@ -164,7 +164,7 @@ def test_rules_lists_and_describes():
 def test_diagram_through_the_graphviz_backend(monkeypatch):
     calls = []
     backend = types.ModuleType("fdsl.backends.graphviz")
-    backend.diagram_command = lambda program, text: calls.append(text) or "wrote diagram.svg"
+    backend.diagram_command = lambda program, text, path=None: calls.append(text) or "wrote diagram.svg"
     monkeypatch.setitem(sys.modules, "fdsl.backends.graphviz", backend)
     s = session()
     assert s.run(":diagram form(E)")
@@ -203,7 +203,8 @@ def test_script_joins_lines_and_gives_up_on_an_empty_line():
     s = session()
     repl.script(s, io.StringIO("x = (1 +\n 2)\nshow x\nshow (1 +\n\nshow 5\nshow (6"))
     assert output(s) == "3\n5\n"
-    assert errors(s).count("<repl>:1:") == 2  # the abandoned input and the one cut off by the end
+    # the abandoned input and the one cut off by the end, each at its line of the stream
+    assert "<stdin>:4:10: " in errors(s) and "<stdin>:7:6: " in errors(s)
 
 
 def test_an_interrupt_cancels_the_input(monkeypatch):
