@@ -124,6 +124,9 @@ def why_not_normal(s: Term):
         return "d(%s) is left as it is: no rule expands it" % _short(x, 60)
     if not s.has_d:
         return "%s has no differential: normal takes a 1-form, e.g. normal(form(E))" % _short(s, 60)
+    last = T.factors(rest)[-1]
+    if last.op == "d" and last.scalar and not any(f.has_d for f in T.factors(rest)[:-1]):
+        return None  # G d(g), g a scalar weight
     if rest.op != "trace":
         return "%s is not a trace: normal takes a scalar 1-form, e.g. normal(form(E))" % _short(s, 60)
     word = T.factors(rest.args[0])
