@@ -155,9 +155,9 @@ def test_tab_completes_declared_names_and_commands(terminal):
     t.keys("enco\t")
     t.child.expect(r"der(\x1b\[[0-9;]*m)*\(")  # the input is highlighted: colours between the letters
     assert t.run("1)") == ENCODER1 + "\n"
-    t.keys("lay\t")
-    t.child.expect(r"er(\x1b\[[0-9;]*m)*\(")
-    assert t.run("0, X)") == ENCODER1 + "\n"
+    t.keys("layern\t")  # (lay is layer or layernorm)
+    t.child.expect(r"orm(\x1b\[[0-9;]*m)*\(")
+    assert t.run("X)") == "layernorm(X)\n"
     t.keys(":he\t")
     t.child.expect("lp")
     assert t.run("string").startswith("string(E)\n")
