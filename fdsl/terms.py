@@ -412,7 +412,9 @@ def cols(t: Term) -> Term:
     c = t.shape[1] if t.shape is not None else 1
     if isinstance(c, int):
         return num(c)
-    return sym(Symbol(c, (), "dim", None), (1, 1))
+    # trace(ones(1, d) ones(d, 1)) = d, made of the dim's name alone (a dim symbol would carry the
+    # value its program gave it, which a term built from a shape cannot know)
+    return make("trace", (mul(ones((1, c)), ones((c, 1))),))
 
 
 # Operators that stand for a constant made from the shape of their argument only (the argument
