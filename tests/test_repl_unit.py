@@ -349,7 +349,7 @@ def completions(s, text):
 
 def test_completion_of_declared_names(encoder2):
     assert completions(encoder2, "enco") == ["encoder("]
-    assert completions(encoder2, "show lay") == ["layer("]
+    assert completions(encoder2, "show lay") == ["layer(", "layernorm("]  # a definition, an operator
     assert completions(encoder2, "show Q") == ["Q["]
     assert "E" in completions(encoder2, "show E")
     assert "d" in completions(encoder2, "show d")  # the dim d; d( the operator also completes
