@@ -25,7 +25,6 @@ def read_csv(path):
 
 
 def test_the_issue_command_writes_the_log_and_the_plot(run_fdsl, examples, tmp_path):
-    pytest.importorskip("matplotlib")
     log, plot, g = tmp_path / "w.csv", tmp_path / "w.png", tmp_path / "g.npz"
     r = run_fdsl("train", examples / "encoder2.fd", "--form", "w", "--steps", "20", "--lr", "0.01", "--random",
                  "0", "--watch", "coeff(w, K[1])", "--log", log, "--plot", plot)
@@ -119,7 +118,6 @@ def test_gauss_newton_training_reports_its_solves(run_fdsl, examples, tmp_path):
 
 
 def test_runs_in_a_program_are_plotted_and_saved_together(tmp_path):
-    pytest.importorskip("matplotlib")
     fd = tmp_path / "runs.fd"
     fd.write_text(ONE_LAYER + textwrap.dedent("""\
         plain = train(w, 4, 1/10, 2, "coeff(w, U)", "U")
