@@ -13,15 +13,19 @@ excluded. The clock is the CPU time of that process. ``steps`` counts rule appli
 of the engine's ``Stepper.fire``), so ``rewrites/s`` is steps over the CPU seconds of ``backprop``.
 
 The baseline is the source tree of an older commit (``git archive``, unpacked into a temporary
-folder), run by the same interpreter on the same program: the two engines alternate round by
-round, so load on this shared machine hits both alike, and the ratio is of medians from the same
-run. Both must produce a normal form of the same size (a different result stops the benchmark).
+folder), run by the same interpreter on the same program: the engines alternate round by round,
+so load on this shared machine hits all alike, and the ratio is of medians from the same run.
+This tree is also run with renaming (``fdsl.alpha``) turned off, so that every layer is
+rewritten: that shows what the engine's own speed and what rewriting a layer once contribute, and
+the two runs must give the same normal form to the letter. All must produce normal forms of the
+same size (a different result stops the benchmark).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -47,6 +51,11 @@ def workload_once(L: int) -> dict:
     from fdsl import terms as T
     from fdsl.forms import form
 
+    if os.environ.get("FDSL_BENCH_NO_RENAMING"):  # every layer rewritten (this tree only)
+        from fdsl import alpha
+
+        alpha.canonical = lambda root, lets: (root, {})
+
     steps = [0]
     fire = rewrite.Stepper.fire
 
@@ -64,12 +73,18 @@ def workload_once(L: int) -> dict:
     t0 = time.process_time()
     w = p.apply_rules("backprop", f)
     seconds = time.process_time() - t0
-    return {"seconds": seconds, "steps": steps[0], "size": T.dag_size(w)}
+    from fdsl.printers import string
+
+    digest = hashlib.sha256(string(w).encode()).hexdigest() if hasattr(fdsl, "alpha") else ""
+    return {"seconds": seconds, "steps": steps[0], "size": T.dag_size(w), "digest": digest}
 
 
-def measure(source: Path, L: int) -> dict:
+def measure(source: Path, L: int, renaming=True) -> dict:
     """``workload_once`` in a fresh interpreter importing fdsl from ``source``."""
     env = dict(os.environ, PYTHONPATH=str(source))
+    env.pop("FDSL_BENCH_NO_RENAMING", None)
+    if not renaming:
+        env["FDSL_BENCH_NO_RENAMING"] = "1"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--once", str(L)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(source))
     if r.returncode != 0:
@@ -91,35 +106,44 @@ def run(depths, rounds: int, baseline: str, log) -> list:
     with tempfile.TemporaryDirectory(prefix="fdsl-baseline-") as tmp:
         old_tree = unpack(baseline, Path(tmp))
         for L in depths:
-            new, old = [], []
+            new, plain, old = [], [], []
             for i in range(rounds):
                 new.append(measure(ROOT, L))
+                plain.append(measure(ROOT, L, renaming=False))
                 old.append(measure(old_tree, L))
-                log("L=%d round %d: now %.3f s, %s %.3f s" % (L, i + 1, new[-1]["seconds"], baseline,
-                                                             old[-1]["seconds"]))
-            if new[0]["size"] != old[0]["size"]:
-                raise SystemExit("L=%d: the normal forms differ in size (%d now, %d at %s)"
-                                 % (L, new[0]["size"], old[0]["size"], baseline))
-            rows.append({"L": L, "now": _median(new), "old": _median(old)})
+                log("L=%d round %d: now %.3f s, without renaming %.3f s, %s %.3f s" % (
+                    L, i + 1, new[-1]["seconds"], plain[-1]["seconds"], baseline, old[-1]["seconds"]))
+            if not new[0]["size"] == plain[0]["size"] == old[0]["size"]:
+                raise SystemExit("L=%d: the normal forms differ in size (%d now, %d without renaming, %d at %s)"
+                                 % (L, new[0]["size"], plain[0]["size"], old[0]["size"], baseline))
+            if new[0]["digest"] != plain[0]["digest"]:
+                raise SystemExit("L=%d: renaming changed the normal form" % L)
+            rows.append({"L": L, "now": _median(new), "plain": _median(plain), "old": _median(old)})
     return rows
 
 
 def _median(runs) -> dict:
-    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "digest"}
 
 
 def report(rows, rounds: int, baseline: str, command: str) -> str:
     lines = ["Machine: %s; Python %s. Date: %s. Command: `%s`." % (
         _cpu(), platform.python_version(), datetime.date.today().isoformat(), command), "",
-        "CPU seconds of `backprop` (medians of %d fresh processes each, alternating), rule "
-        "applications, and rewrites per second; `old` is commit %s." % (rounds, baseline), "",
-        "| L | nodes | steps now | steps old | now (s) | old (s) | rewrites/s now | rewrites/s old | speed-up |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        "CPU seconds of `backprop` (medians of %d fresh processes each, alternating): this tree, this tree "
+        "with renaming turned off (every layer rewritten), and commit %s (`old`); rule applications "
+        "(steps) of each. Rewrites per second are the old engine's steps over each one's seconds: the "
+        "work done, whether by rewriting or by renaming a layer rewritten before. The three normal "
+        "forms have the same size, and this tree's is the same term with and without renaming."
+        % (rounds, baseline), "",
+        "| L | nodes | steps now | steps without renaming | steps old | now (s) | without renaming (s) "
+        "| old (s) | rewrites/s now | rewrites/s old | speed-up (old / now) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        now, old = r["now"], r["old"]
-        lines.append("| %d | %d | %d | %d | %.3f | %.3f | %.0f | %.0f | %.2f |" % (
-            r["L"], now["size"], now["steps"], old["steps"], now["seconds"], old["seconds"],
-            now["steps"] / now["seconds"], old["steps"] / old["seconds"], old["seconds"] / now["seconds"]))
+        now, plain, old = r["now"], r["plain"], r["old"]
+        lines.append("| %d | %d | %d | %d | %d | %.3f | %.3f | %.3f | %.0f | %.0f | %.2f |" % (
+            r["L"], now["size"], now["steps"], plain["steps"], old["steps"], now["seconds"], plain["seconds"],
+            old["seconds"], old["steps"] / now["seconds"], old["steps"] / old["seconds"],
+            old["seconds"] / now["seconds"]))
     return "\n".join(lines) + "\n"
 
 

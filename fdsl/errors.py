@@ -56,3 +56,7 @@ class FdslError(Exception):
 
 class StepLimit(FdslError):
     """A rule set that did not reach a normal form within the step limit."""
+
+
+class Loop(StepLimit):
+    """A rewrite that came back to a term still being rewritten (the message shows the term)."""

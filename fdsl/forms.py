@@ -58,6 +58,9 @@ def _weight_key(t: Term):
     if x.op == "sym":
         s = x.data[0]
         return (1, s.name, s.index)
+    if x.op == "let":  # its printed name, without printing (and so walking) its body
+        name, index = x.data
+        return (2, name + "".join("_%d" % i for i in index), ())
     return (2, text(x), ())
 
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from . import alpha
 from . import terms as T
-from .errors import FdslError, StepLimit
+from .errors import FdslError, Loop, StepLimit
 from .ops import OPS, ShapeError
-from .patterns import Op, Run, Seq, Var, build, builder, heads, matcher, quick_test
+from .patterns import Bag, Op, Run, Seq, Var, Word, build, builder, heads, matcher, quick_test
 from .terms import Term
 
 DEFAULT_STEP_LIMIT = 2_000_000
@@ -197,8 +198,26 @@ class Index:
             for h in self.by_head:
                 self.by_head[h] = sorted(self.by_head[h] + self.anywhere, key=lambda r: order[id(r)])
 
+        # a rule that names ``let`` can read a named intermediate's body: then lets are not atoms
+        # that a renaming may replace (fdsl.alpha)
+        self.lets_are_atoms = not any(_names_op(p, "let") for r in self.rules for p in (r.lhs, r.rhs))
+
     def candidates(self, t: Term):
         return self.by_head.get(t.op, self.anywhere)
+
+
+def _names_op(p, op: str) -> bool:
+    """Whether the pattern ``p`` has an operator ``op`` anywhere."""
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, Op):
+            if q.op == op:
+                return True
+            stack.extend(q.args)
+        elif isinstance(q, (Word, Bag)):
+            stack.extend(q.items)
+    return False
 
 
 class Stepper:
@@ -239,7 +258,7 @@ class Stepper:
         return "; the rules that fired last: " + fired
 
     def loop(self, t: Term):
-        raise StepLimit("%s loops: %s rewrote back to itself after %d steps%s"
+        raise Loop("%s loops: %s rewrote back to itself after %d steps%s"
                         % (self.name, _short(t), self.steps, self.recent()))
 
 
@@ -262,8 +281,34 @@ def normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
     """Innermost normalisation of ``root`` (see the module doc), without recursion.
 
     ``memo`` maps every term seen to its normal form and is kept between calls: terms are
-    immutable, so a normal form stays one.
+    immutable, so a normal form stays one. ``root`` is rewritten in its canonical form
+    (``fdsl.alpha``), so that a term that differs from one seen before only by the names of its
+    leaves (the next layer of an encoder) costs a renaming, not a rewrite. Under --trace every
+    rewrite is done, and shown, with the real names.
     """
+    hit = memo.get(root)
+    if hit is not None:
+        return hit
+    if stepper.trace_out is None:
+        canon, back = alpha.canonical(root, index.lets_are_atoms)
+        if back:
+            steps, last, start, built = stepper.steps, list(stepper.last), stepper.start, T.built()
+            try:
+                r = alpha.rename(_normalize(index, canon, memo, stepper), back)
+            except FdslError as e:
+                if isinstance(e, StepLimit) and not isinstance(e, Loop):
+                    raise  # the limits' messages name rules, not terms (and take long to reach again)
+                # say it with the real names: the same rewrites again, from the same count
+                stepper.steps, stepper.start = steps, start + T.built() - built
+                stepper.last.clear()
+                stepper.last.extend(last)
+            else:
+                memo[root] = r
+                return r
+    return _normalize(index, root, memo, stepper)
+
+
+def _normalize(index: Index, root: Term, memo: dict, stepper: Stepper) -> Term:
     redirect: dict = {}  # a node -> what it became (rewritten at its root, or rebuilt)
     active: set = set()  # nodes waiting for the normal form of what they became
     opaque_ops = {name for name, spec in OPS.items() if spec.opaque}  # a named intermediate keeps its body
