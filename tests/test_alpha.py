@@ -15,23 +15,14 @@ import fdsl
 from fdsl import alpha
 from fdsl import terms as T
 from fdsl.forms import form
-
-ENCODER = """\
-dim n = 5, d = 4, k = 3, h = 4
-const X0 : n x d, Y : n x d
-const C : n x 1 = ones
-scalar s = k^(-1/2)
-weight Q[i], K[i] : d x k
-weight V[i] : d x h, W[i] : h x d, b[i] : 1 x h, f[i] : 1 x d
-layer(i, Z) = m(a(s Z Q[i] K[i]^t Z^t) Z V[i] + C b[i]) W[i] + C f[i]
-"""
+from oracle import ENCODER  # examples/encoder2.fd's declarations, layer(i, Z) and encoder(L)
 
 PROGRAMS = {
-    "named": ENCODER + "X(0) = X0\nX(L) := layer(L-1, X(L-1))\nE := Y - X(5)\n",
-    "natural": ENCODER + "X(0) = X0\nX(L) = layer(L-1, X(L-1))\nE = Y - X(5)\n",
+    "named": ENCODER + "N(0) = X\nN(L) := layer(L-1, N(L-1))\nE := Y - N(5)\n",
+    "natural": ENCODER + "E = Y - encoder(5)\n",
     # a residual stream with a learned scalar: repeats with sums and scalars
-    "residual": ENCODER + "weight g[i] : scalar\nX(0) = X0\nX(L) = X(L-1) + g[L-1] layer(L-1, X(L-1))\n"
-                          "E = Y - X(4)\n",
+    "residual": ENCODER + "weight g[i] : scalar\nR(0) = X\nR(L) = R(L-1) + g[L-1] layer(L-1, R(L-1))\n"
+                          "E = Y - R(4)\n",
 }
 
 SCRIPT = textwrap.dedent("""\
@@ -63,7 +54,7 @@ def test_renaming_gives_the_normal_form_of_rewriting_every_layer(name):
 
 def test_a_ruleset_that_reads_let_bodies_keeps_lets_as_they_are():
     # expandAll unfolds d(X_i) into the d of X_i's body: a placeholder let would unfold to nothing
-    program = ENCODER + "X(0) = X0\nX(L) := layer(L-1, X(L-1))\nE := Y - X(2)\n"
+    program = ENCODER + "N(0) = X\nN(L) := layer(L-1, N(L-1))\nE := Y - N(2)\n"
     assert normal_form_text(program, "expanded", True) == normal_form_text(program, "expanded", False)
 
 
@@ -73,7 +64,7 @@ def test_two_layers_have_one_canonical_form_and_rename_back():
     for t in T.postorder(p["E"]):
         if t.op == "let":
             lets[t.data] = t
-    layer = {i: T.make("trace", (T.mul(T.transpose(lets[("X", (i + 1,))]), T.d(lets[("X", (i + 1,))].args[0])),))
+    layer = {i: T.make("trace", (T.mul(T.transpose(lets[("N", (i + 1,))]), T.d(lets[("N", (i + 1,))].args[0])),))
              for i in (2, 3)}
     (c2, back2), (c3, back3) = (alpha.canonical(layer[i], True) for i in (2, 3))
     assert c2 is c3 and layer[2] is not layer[3]
@@ -104,7 +95,7 @@ def test_trace_shows_every_rewrite_with_real_names():
         def write(self, s):
             out.append(s)
 
-    p = fdsl.parse(ENCODER + "X(0) = X0\nX(L) := layer(L-1, X(L-1))\nE := Y - X(3)\n")
+    p = fdsl.parse(ENCODER + "N(0) = X\nN(L) := layer(L-1, N(L-1))\nE := Y - N(3)\n")
     p.options["trace"] = True
     p.trace_out = Sink()
     p.apply_rules("backprop", form(p["E"]))
