@@ -75,18 +75,22 @@ def rename(root: Term, mapping: dict) -> Term:
     """``root`` with each atom that is a key of ``mapping`` replaced by its value (let bodies are
     not entered: an atom is replaced whole)."""
     out: dict = {}
-    stack = [(root, False)]
+    stack = [root]
     while stack:
-        t, ready = stack.pop()
+        t = stack[-1]
         if t in out:
+            stack.pop()
             continue
-        if t in mapping:
-            out[t] = mapping[t]
-        elif not t.args or t.op == "let":
-            out[t] = t
-        elif ready:
-            out[t] = T.rebuild(t, [out[c] for c in t.args])
-        else:
-            stack.append((t, True))
-            stack.extend((c, False) for c in t.args if c not in out)
+        m = mapping.get(t)
+        if m is not None or not t.args or t.op == "let":
+            out[t] = t if m is None else m
+            stack.pop()
+            continue
+        pending = [c for c in t.args if c not in out]
+        if pending:
+            stack.extend(pending)
+            continue
+        args = tuple([out[c] for c in t.args])
+        out[t] = t if args == t.args else T.renamed(t, args)
+        stack.pop()
     return out[root]

@@ -440,6 +440,13 @@ def rebuild(t: Term, args) -> Term:
     return make(t.op, args, t.data)
 
 
+def renamed(t: Term, args: tuple) -> Term:
+    """``t`` over ``args`` that differ from its own only by a renaming of leaves (the same shapes,
+    scalars, weights and differentials: ``fdsl.alpha``). Interned as it is: the constructors'
+    laws read only what a renaming keeps, so they would build this very node."""
+    return _intern(t.op, args, t.data, t.shape, t.scalar)
+
+
 # ---- words and views ---------------------------------------------------------------------------
 
 
