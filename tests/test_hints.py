@@ -74,3 +74,10 @@ def test_forms_of_a_number_is_forms_of_the_encoder():
     assert p.expr("forms(2, 4)") is p.expr("forms(encoder(2), 4)")
     assert p.expr("form(2)") is p.expr("form(encoder(2))")
     assert p.expr("len(forms(1))") == len(fdsl.terms.summands(p.expr("forms(encoder(1))")))
+
+
+def test_weights_of_a_form_not_yet_normal_are_those_of_its_normal_form():
+    # read off form(E) as written, the only differential is dE, no weight's: weights would be empty
+    p = fdsl.load("examples/encoder2.fd")
+    assert p.expr("weights(w)") == p.expr("weights(N)") == fdsl.forms.weights(p["N"])
+    assert len(p.expr("weights(w)")) == 12
