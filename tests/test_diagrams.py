@@ -630,7 +630,16 @@ def test_cli_deps_flags_go_together_and_take_weights(tmp_path):
     done = run_cli("deps", deep, "--form", "w", "--weight", "Q[3]", "-o", tmp_path / "x.dot")
     assert done.returncode == 2 and "--weight and --coeff go together" in done.stderr
     done = run_cli("deps", deep, "--form", "w", "--weight", "Q[3]", "--coeff", "X0", "-o", tmp_path / "x.dot")
-    assert done.returncode == 2 and "expected a weight" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    # a flag's error is its message, not placed at an "<input>" that was never read
+    assert done.stderr.startswith("--coeff X0: expected a weight")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_deps_overview_too_big_names_its_form(tmp_path):
+    done = run_cli("deps", ROOT / "examples" / "deep.fd", "--form", "w", "-o", tmp_path / "x.svg")
+    assert done.returncode == 2
+    assert done.stderr.startswith("--form w: this picture would have 2304 edges between 96 boxes, more than 600")
     assert list(tmp_path.iterdir()) == []
 
 
