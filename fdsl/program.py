@@ -101,6 +101,9 @@ class Program:
         self._src = (filename, "")
         self.values = None  # the numpy backend's symbol values, when given
         self.last_shown = None  # the value the last show printed (the repl's _)
+        # the program's own definitions (E := ...) whose binding a show has printed: later shows
+        # name them only, so a program's output says once what E is, not at every coefficient
+        self.bound_shown: set = set()
         self.metric = None  # fdsl.metrics.Metric: what `metric` statements chose (Euclidean if none)
         _load_function_modules()
         from .rules import RuleBook
@@ -590,7 +593,7 @@ class Program:
         return result
 
     def named_terms(self) -> set:
-        """The program's own named definitions (E := ...): show prints them by name only."""
+        """The program's own named definitions (E := ...)."""
         return {v for v in self.definitions.values() if isinstance(v, Term) and v.op == "let"}
 
     # ---- the public API -----------------------------------------------------------------------
