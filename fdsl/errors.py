@@ -57,5 +57,9 @@ class FdslError(Exception):
         return "\n".join(lines)
 
 
+class Redeclared(FdslError):
+    """A name declared a second time: in the repl, usually a file loaded again."""
+
+
 class StepLimit(FdslError):
     """A rule set that did not reach a normal form within the step limit."""

@@ -29,7 +29,7 @@ from typing import Optional
 
 from . import share
 from . import terms as T
-from .errors import FdslError
+from .errors import FdslError, Redeclared
 from .functions import FUNCTIONS, as_int, as_term, describe, render
 from .hints import function_hint, keyword_hint
 from .ops import OPS, ShapeError
@@ -141,8 +141,8 @@ class Program:
 
     def _declare_name(self, name, what, line, col):
         if name in self.declared_at and (name in self.dims or name in self.families or name in self.symbols):
-            raise FdslError("%s is already declared (%s)" % (name, self.declared_at[name]),
-                            self._src[0], line, col, self._src[1])
+            raise Redeclared("%s is already declared (%s)" % (name, self.declared_at[name]),
+                             self._src[0], line, col, self._src[1])
         share.reserve(name)
         self.declared_at[name] = "%s at %s:%d" % (what, self._src[0], line)
 
