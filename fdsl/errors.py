@@ -42,7 +42,10 @@ class FdslError(Exception):
         return ":".join(parts)
 
     def __str__(self) -> str:
-        lines = ["%s: %s" % (self.where(), self.message)]
+        # an error of no file and no position (a command-line flag's, --coeff X0) is its message
+        # alone: "<input>:" would send the reader looking for an input that was never read
+        located = self.file is not None or self.line is not None
+        lines = ["%s: %s" % (self.where(), self.message) if located else self.message]
         if self.source is not None and self.line is not None:
             src_lines = self.source.splitlines()
             if 0 < self.line <= len(src_lines):
@@ -52,6 +55,10 @@ class FdslError(Exception):
                     lines.append("    " + " " * (self.col - 1) + "^")
         lines.extend(self.notes)
         return "\n".join(lines)
+
+
+class Redeclared(FdslError):
+    """A name declared a second time: in the repl, usually a file loaded again."""
 
 
 class StepLimit(FdslError):

@@ -277,9 +277,10 @@ def _len(program, x):
     return Fraction(len(T.summands(as_term(x))))
 
 
-@function("coeff(w, W)", "the coefficient G of d(W) in the normal form w = ... + trace(G d(W)) + ... "
-          "(a 1-form not yet normal, form(E), is first brought there by normal)")
-def _coeff(program, w, weight):
+def _normalised(program, w):
+    """``w`` if it is a normal form, else ``normal(w)`` (which fails, naming the missing rule, where
+    it cannot get there): read off a 1-form not yet normal, form(E), the weights and coefficients
+    would be wrong (d(E) is no weight's differential), not merely unexpanded."""
     w = as_term(w, "w")
     try:
         normal = all(x.op == "sym" and x.data[0].kind == "weight" for x, _ in normal_terms(w))
@@ -287,12 +288,19 @@ def _coeff(program, w, weight):
         normal = False
     if w.has_d and not normal:
         w = program.apply_rules("normal", w)
-    return coeff(w, _weight_arg(weight))
+    return w
 
 
-@function("weights(w)", "the weights whose differentials appear in w")
+@function("coeff(w, W)", "the coefficient G of d(W) in the normal form w = ... + trace(G d(W)) + ... "
+          "(a 1-form not yet normal, form(E), is first brought there by normal)")
+def _coeff(program, w, weight):
+    return coeff(_normalised(program, w), _weight_arg(weight))
+
+
+@function("weights(w)", "the weights whose differentials appear in w (a 1-form not yet normal is first "
+          "brought there by normal)")
 def _weights(program, w):
-    return weights(as_term(w, "w"))
+    return weights(_normalised(program, w))
 
 
 @function("depends(G, V)", "whether V occurs in G (true, with the path through which it does, or false)")

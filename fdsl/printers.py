@@ -97,8 +97,10 @@ class StringStyle(Style):
         return "zeros(%s, %s)" % shape
 
 
-def _latex_name(name):
-    return name if len(name) == 1 else r"\mathit{%s}" % name
+def _latex_name(name, font=r"\mathit"):
+    # "_" in a name (G_encoder, the adjoint of encoder_1; a user's my_x) is a letter of the name:
+    # bare, TeX would read it as a subscript and print G_encoder as G with a subscript e
+    return name if len(name) == 1 else r"%s{%s}" % (font, name.replace("_", r"\_"))
 
 
 class LatexStyle(Style):
@@ -111,7 +113,7 @@ class LatexStyle(Style):
 
     def let(self, name, index):
         # an intermediate is named after a definition (encoder_3): upright, like an operator name
-        base = name if len(name) == 1 else r"\mathrm{%s}" % name
+        base = _latex_name(name, r"\mathrm")
         return base + ("_{%s}" % ",".join(map(str, index)) if index else "")
 
     def number(self, value):

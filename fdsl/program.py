@@ -29,7 +29,7 @@ from typing import Optional
 
 from . import share
 from . import terms as T
-from .errors import FdslError
+from .errors import FdslError, Redeclared
 from .functions import FUNCTIONS, as_int, as_term, describe, render
 from .hints import function_hint, keyword_hint
 from .ops import OPS, ShapeError
@@ -101,6 +101,9 @@ class Program:
         self._src = (filename, "")
         self.values = None  # the numpy backend's symbol values, when given
         self.last_shown = None  # the value the last show printed (the repl's _)
+        # the program's own definitions (E := ...) whose binding a show has printed: later shows
+        # name them only, so a program's output says once what E is, not at every coefficient
+        self.bound_shown: set = set()
         self.metric = None  # fdsl.metrics.Metric: what `metric` statements chose (Euclidean if none)
         _load_function_modules()
         from .rules import RuleBook
@@ -138,8 +141,8 @@ class Program:
 
     def _declare_name(self, name, what, line, col):
         if name in self.declared_at and (name in self.dims or name in self.families or name in self.symbols):
-            raise FdslError("%s is already declared (%s)" % (name, self.declared_at[name]),
-                            self._src[0], line, col, self._src[1])
+            raise Redeclared("%s is already declared (%s)" % (name, self.declared_at[name]),
+                             self._src[0], line, col, self._src[1])
         share.reserve(name)
         self.declared_at[name] = "%s at %s:%d" % (what, self._src[0], line)
 
@@ -590,7 +593,7 @@ class Program:
         return result
 
     def named_terms(self) -> set:
-        """The program's own named definitions (E := ...): show prints them by name only."""
+        """The program's own named definitions (E := ...)."""
         return {v for v in self.definitions.values() if isinstance(v, Term) and v.op == "let"}
 
     # ---- the public API -----------------------------------------------------------------------

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .cli import subcommand
-from .errors import FdslError
+from .errors import FdslError, Redeclared
 from .terms import Term
 
 PROMPT = "fdsl> "
@@ -422,6 +422,10 @@ class Session:
         self.program.base_dir = p.resolve().parent
         try:
             self._feed(text, str(p))
+        except Redeclared as e:  # the file, or one declaring the same names, was loaded before
+            e.notes.append("note: the session already holds what this file declares; :reset forgets the "
+                           "session (options and --rules stay), then :load it again")
+            raise
         finally:
             self.program.base_dir = saved
 

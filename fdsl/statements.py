@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import printers
 from .errors import FdslError
 from .functions import describe, render
 from .inputs import kind_of
+from .terms import Term
 
 
 @dataclass
@@ -180,7 +182,10 @@ def _show(program, st):
     for node in st.items:
         value = program.evaluate(node, {})
         program.last_shown = value  # the repl's _
-        program.effects.append(Print(render(value, program.named_terms())))
+        program.effects.append(Print(render(value, program.bound_shown)))
+        if isinstance(value, Term):
+            lets = printers.bindings(value) + ([value] if value.op == "let" else [])
+            program.bound_shown.update(set(lets) & program.named_terms())
 
 
 @statement("rules", 'rules "FILE.rules"', "load a rule file (path relative to this program); its rulesets become functions")

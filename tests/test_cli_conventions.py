@@ -73,7 +73,7 @@ def test_one_line_programs_with_declarations_inline():
 def test_one_line_after_a_file_sees_its_definitions():
     r = fdsl_run("run", "examples/encoder2.fd", "-e", "coeff(N, f[1]); len(N)")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-2:] == ["E^t C", "12"]
+    assert r.stdout.splitlines()[-2:] == ["E^t C", "12"]  # E was bound by the file's first show
 
 
 def test_one_line_errors_point_into_the_text():

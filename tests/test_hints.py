@@ -74,3 +74,19 @@ def test_forms_of_a_number_is_forms_of_the_encoder():
     assert p.expr("forms(2, 4)") is p.expr("forms(encoder(2), 4)")
     assert p.expr("form(2)") is p.expr("form(encoder(2))")
     assert p.expr("len(forms(1))") == len(fdsl.terms.summands(p.expr("forms(encoder(1))")))
+
+
+def test_weights_of_a_form_not_yet_normal_are_those_of_its_normal_form():
+    # read off form(E) as written, the only differential is dE, no weight's: weights would be empty
+    p = fdsl.load("examples/encoder2.fd")
+    assert p.expr("weights(w)") == p.expr("weights(N)") == fdsl.forms.weights(p["N"])
+    assert len(p.expr("weights(w)")) == 12
+
+
+@pytest.mark.parametrize("manual, meant", [("forms(2)", "forms(encoder(2))"), ("forms(2, 4)", "forms(encoder(2), 4)"),
+                                           ("form(2)", "form(encoder(2))")])
+def test_the_manuals_verbs_of_a_number_through_the_cli(run_fdsl, examples, manual, meant):
+    # once printed 0, -trace(2 d(2)), and a complaint about an E nobody wrote; now the manual's meaning
+    said, means = (run_fdsl("run", examples / "encoder2.fd", "-e", "string(%s)" % x) for x in (manual, meant))
+    assert said.returncode == 0 and means.returncode == 0, said.stderr + means.stderr
+    assert said.stdout == means.stdout and "Q[1]" in said.stdout.splitlines()[-1]

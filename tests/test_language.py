@@ -357,11 +357,14 @@ def test_run_encoder2_through_the_cli(run_fdsl, examples, encoder2):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     N = encoder2["N"]
-    expected = [printers.text(encoder2["w"]), str(len(T.summands(encoder2.expr("forms(E)"))))]
-    expected += [render(encoder2.expr(x), encoder2.named_terms()) for x in
+    E = encoder2["E"]
+    # the first show that refers to E binds it; later ones name it only
+    expected = [render(encoder2["w"]), str(len(T.summands(encoder2.expr("forms(E)"))))]
+    expected += [render(encoder2.expr(x), {E}) for x in
                  ("coeff(N, W[1])", "coeff(N, W[0])", "depends(coeff(N, K[0]), Q[1])")]
     assert proc.stdout == "\n".join(expected) + "\n"
-    assert proc.stdout.startswith("-trace(E^t dE)\n")
+    assert proc.stdout.startswith("-trace(E^t dE)\nwhere\n  E := Y\n")
+    assert proc.stdout.count("E := ") == 1
     assert "true, via " in proc.stdout and proc.stdout.rstrip().endswith("Q_1")
     assert {x.data[0].name for x in weights(N)} == {"Q", "K", "V", "W", "b", "f"}
     assert len(T.summands(N)) == 12  # one term per weight of the two layers

@@ -92,6 +92,15 @@ def test_latex_of_a_normal_form_is_aligned_one_row_per_weight(enc):
     assert len(heads) == 12
     assert "\\mathrm{d}K_{0} &\\colon\\ " in tex
     assert w._repr_latex_().startswith("$") and "aligned" in w._repr_latex_()
+    # the adjoint G_encoder_1: its "_" is a letter of the name, not TeX's subscript (G, sub e, ncoder)
+    assert r"\mathrm{G\_encoder}_{1} &:= " in where
+    assert not re.search(r"\\math(rm|it)\{[^}]*(?<!\\)_[^}]*\}", printers.latex(w))
+
+
+def test_latex_names_with_underscores():
+    p = fdsl.parse("dim n\nconst A : n x n\nweight my_w : n x n\nmy_x := my_w A")
+    assert printers.latex(p.expr("my_x A")) == (r"\mathrm{my\_x} A \quad\text{where}\quad "
+                                                r"\begin{aligned}\mathrm{my\_x} &:= \mathit{my\_w} A\end{aligned}")
 
 
 def test_latex_of_a_short_term_is_one_formula(enc):

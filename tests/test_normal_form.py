@@ -108,7 +108,10 @@ def test_manual_walkthrough_runs_through_the_cli():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
-    assert out[3] == "-trace(E^t dE)"  # form(E), E named
+    assert out[3] == "-trace(E^t dE)"  # form(E), E named, and bound here (its first show) only
+    assert out[4:6] == ["where", "  E := Y"] and out[6].startswith("       - (m(a(s X_1 Q_1")
+    assert sum(line.startswith("  E := ") for line in out) == 1
+    out = out[:4] + out[7:]
     assert out[4] == "24"  # len(z)
     # z[19]: dK_0 trapped in the second argument of mm, then flipped out, then last
     assert "mm(" in out[5] and "dK_0^t" in out[5].split("mm(", 1)[1]

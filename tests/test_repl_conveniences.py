@@ -56,6 +56,7 @@ def test_reset_forgets_everything_so_a_file_loads_again():
     r = repl(":load examples/one_layer.fd\n:load examples/one_layer.fd\n:reset\n:load examples/one_layer.fd\n"
              ":who\n")
     assert "n is already declared" in r.stderr  # the second :load: the session still holds the first
+    assert ":reset forgets the session" in r.stderr  # and the message says what to do
     assert "the session is empty" in r.stdout
     after = r.stdout.split("the session is empty", 1)[1]
     assert "\ndims:        n, d, k, h\n" in after  # the third :load worked: :who lists it

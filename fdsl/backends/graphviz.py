@@ -402,7 +402,11 @@ def _cmd_deps(args) -> int:
         graph = depsview.path_view(forms.coeff(normal, of), weight, of)
     else:
         graph = depsview.deps_graph(depsview.deps_pairs(program, normal, keep_lets=args.keep_lets))
-    picture = Diagram(graph, max_nodes=args.max_nodes, max_edges=args.max_edges)
+    try:
+        picture = Diagram(graph, max_nodes=args.max_nodes, max_edges=args.max_edges)
+    except FdslError as e:  # too big: say which picture, as fdsl diagram names its --expr
+        e.file = e.file or "--form %s" % args.form
+        raise
     return _report(picture.save(args.output), args.output, picture.nodes)
 
 
