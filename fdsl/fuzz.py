@@ -59,6 +59,7 @@ EXCLUDED = {
     "onescol": "a constant made from its argument's shape alone (generated as ones)",
     "onesrow": "a constant made from its argument's shape alone (generated as ones)",
     "cols": "a constant made from its argument's shape alone (generated as dims used as numbers)",
+    "eyerows": "a constant made from its argument's shape alone (generated as identities)",
 }
 #: constant scalars, as a user writes them before a factor
 CONSTANTS = ("2", "(1/2)", "s", "n", "(-3)", "(2/3)", "k")
