@@ -402,6 +402,7 @@ class Summary:
     cases: int = 0
     failures: list = field(default_factory=list)
     fd_checked: int = 0
+    fd_refined: int = 0  # of those, weights whose finite difference needed a finer step
     skipped: dict = field(default_factory=dict)  # reason -> count
     worst: float = 0.0  # the largest disagreement seen among passing cases (relative to the scale)
     seconds: float = 0.0
@@ -443,6 +444,7 @@ def run(cases: int, seed: int = 0, batch: int = 500, shrink: int = 5, progress=N
                 last["failed"] = True  # generation stops at the first failure; shrinking follows
                 raise
             summary.fd_checked += report.checked_fd
+            summary.fd_refined += report.refined_fd
             summary.worst = max(summary.worst, _closeness(report))
             for method, _ in report.skipped:
                 summary.skipped[method] = summary.skipped.get(method, 0) + 1
