@@ -177,3 +177,20 @@ w = form(E)
     assert report.ok, report.describe()
     assert report.checked_fd == 1 and report.refined_fd == 1
 
+
+def test_a_loss_flat_in_its_weight():
+    """Found by the fuzzer (seed 13): mm(U, X) = [U > 0] o X has derivative 0 in U, so torch's loss
+    has no graph back to U; the torch oracle says 0, as finite differences do, instead of failing."""
+    source = """\
+dim n = 2
+const X : n x n
+weight U : n x n
+E := X - mm(U, X)
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    report = check(source, sign=-1, use_torch=torch_eval.available())
+    assert report.ok, report.describe()
+    assert report.checked_fd == 1
+    for grads in report.gradients.values():
+        assert not grads["U"].any()
