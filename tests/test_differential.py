@@ -194,3 +194,24 @@ w = form(E)
     assert report.checked_fd == 1
     for grads in report.gradients.values():
         assert not grads["U"].any()
+
+
+def test_a_gradient_that_is_zero_in_exact_arithmetic():
+    """Found by the fuzzer (seed 13): dlayernorm(U, ones) is 0 for every U (layernorm ignores a
+    constant added to a row), so dL/dU is 0; fdsl's is rounding noise of 4e-14, torch's exactly 0.
+    That is agreement (1e-12 absolute below a largest gradient of 1e-4); a wrong sign is not."""
+    source = """\
+dim n = 2
+const Xnn : n x n
+const Jnn : n x n = ones
+weight Unn : n x n
+F = dlayernorm(Unn, Jnn) + (1/2) Unn
+E := Xnn - F
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    flat = source.replace(" + (1/2) Unn", "")
+    report = check(flat, sign=-1, seed=59, use_torch=torch_eval.available())
+    assert report.ok, report.describe()
+    assert max(abs(g).max() for grads in report.gradients.values() for g in grads.values()) < 1e-12
+    assert not check(source, sign=1, seed=59, use_torch=torch_eval.available()).ok  # the check still bites
