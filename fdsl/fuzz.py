@@ -65,8 +65,8 @@ EXCLUDED = {
 CONSTANTS = ("2", "(1/2)", "s", "n", "(-3)", "(2/3)", "k")
 MAX_DEPTH = 4
 #: whether ``trace(S) A`` may have weights in S. Off: the stdlib rules do not reach a normal form
-#: when a differential ends up in a scalar factor (trace(trace(dU) X) stays, and collect builds
-#: 2 + X from trace(2 dU) + trace(X dU)); ``bench/fuzz.py --weight-traces`` turns it on.
+#: when a differential ends up in a scalar factor (trace(dU) trace(X) stays: the trace with the
+#: differential is not last in its product); ``bench/fuzz.py --weight-traces`` turns it on.
 WEIGHT_TRACES = False
 
 
