@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fdsl import fuzz  # noqa: E402
+from fdsl import differential, fuzz  # noqa: E402
 from fdsl.backends import codegen, torch_eval  # noqa: E402
 
 
@@ -70,9 +70,10 @@ def main(argv=None) -> int:
 
     summary = fuzz.run(args.cases, seed=args.seed, batch=args.batch, shrink=args.shrink, progress=progress)
     skipped = ", ".join("%s: %d" % kv for kv in sorted(summary.skipped.items())) or "none"
-    print("\n%d cases in %.0f s: %d failures; finite differences checked %d weights; largest "
-          "disagreement of a passing case %.2g of the largest gradient; skipped: %s"
-          % (summary.cases, summary.seconds, len(summary.failures), summary.fd_checked, summary.worst, skipped))
+    print("\n%d cases in %.0f s: %d failures; finite differences checked %d weights (%d with a step finer "
+          "than %g); largest disagreement of a passing case %.2g of the largest gradient; skipped: %s"
+          % (summary.cases, summary.seconds, len(summary.failures), summary.fd_checked, summary.fd_refined,
+             differential.FD_STEPS[0], summary.worst, skipped))
     return 1 if summary.failures else 0
 
 

@@ -4,7 +4,9 @@ Vocabulary
 ----------
 instance   bindings of a rule's pattern variables to random terms of consistent shapes: ``?A`` to one
            term, ``?A...`` to a run of 0 to 2 factors (in a product) or summands (in a sum or a
-           Hadamard product). Both sides are built from the same bindings (``fdsl.patterns.build``)
+           Hadamard product). A run of factors is sometimes only scalars where a square matrix
+           stands (the engine binds ``?A...`` of ``trace(?A... d(?W))`` to ``c`` in ``trace(c d(W))``):
+           it means ``c I`` there, and a right side that uses it outside a product must keep that. Both sides are built from the same bindings (``fdsl.patterns.build``)
            and evaluated; the engine's own application of the rule to the left side
            (``Rule.apply``) is evaluated too, so a matcher that binds differently is caught as well.
 dim        a size variable. Every variable has (rows, cols) dims; the rule's products (inner sizes
@@ -194,7 +196,7 @@ def _compound_guards(rule: Rule) -> list:
 
 
 # operators without a numpy lowering that the checker still knows how to shape and evaluate
-_STRUCTURAL = {"t", "d", "let", "onescol", "onesrow", "cols"}
+_STRUCTURAL = {"t", "d", "let", "onescol", "onesrow", "cols", "eyerows"}
 
 
 def _static_check(rule: Rule) -> None:
@@ -226,6 +228,7 @@ class Instance:
         self.lengths: dict = {}
         self.flavours: dict = {}  # name -> flavour (runs: a list, one per item)
         self.scalar: dict = {}
+        self.scalar_runs: set = set()  # runs of factors drawn as only scalars (standing for c I)
         self._decide(compound)
         self.shapes: dict = {}  # name -> (rows dim, cols dim); runs: also their inner dims
         self._constrain()
@@ -248,6 +251,10 @@ class Instance:
                     no_w.update(names)
                 else:
                     need_w.add(names[int(rng.integers(len(names)))])
+        # runs that begin a product of the left side: only these can be bound to scalars alone
+        # (a product keeps its scalars first, so a run after a matrix factor holds matrices)
+        leading = {q.items[0].name for q in _walk(self.rule.lhs)
+                   if isinstance(q, P.Word) and q.items and isinstance(q.items[0], P.Seq)}
         for name, need in self.needs.items():
             g = need.guards
             scalar = g.get("scalar") is True or need.scalar_arg
@@ -267,6 +274,8 @@ class Instance:
                     lo = 1
                 n = int(rng.integers(lo, hi + 1))
                 self.lengths[name] = n
+                if n and name in leading and not scalar and rng.random() < 0.25:
+                    self.scalar_runs.add(name)
                 items = [self._flavour(None, avoid_d, avoid_w, False, False) for _ in range(n)]
                 if n and (want_d or want_w):
                     items[int(rng.integers(n))] = "form" if want_d else "weighty"
@@ -302,7 +311,9 @@ class Instance:
             else:
                 r, c = dims.new(), dims.new()
             inner = []
-            if need.seq and need.context == "mul" and not self.scalar[name]:
+            if name in self.scalar_runs:
+                dims.union(r, c)  # scalars where a square matrix stands: c I
+            elif need.seq and need.context == "mul" and not self.scalar[name]:
                 n = self.lengths[name]
                 chain = [r] + [dims.new() for _ in range(n - 1)] + [c] if n else [r, c]
                 if n == 0:
@@ -337,6 +348,8 @@ class Instance:
                 width = args[0].cols
                 return {"onescol": Shape(width, self.one), "onesrow": Shape(self.one, width),
                         "cols": Shape(self.one, self.one, True)}[p.op]
+            if p.op == "eyerows":
+                return Shape(args[0].rows, args[0].rows)
             if O.OPS[p.op].rows:  # a row reduction: (n x d) -> (n x 1)
                 return Shape(args[0].rows, self.one, args[0].scalar)
             for a in args[1:]:  # d, m, a, let, mm, aa, div and the elementwise operators: one shape
@@ -372,7 +385,7 @@ class Instance:
                 continue
             flavours = self.flavours[name]
             if need.context == "mul":
-                if scalar:
+                if scalar or name in self.scalar_runs:  # bound as the engine binds them: unit 1
                     items = [self.term(f, 1, 1, True) for f in flavours]
                     unit = T.ONE
                 else:

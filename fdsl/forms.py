@@ -97,7 +97,9 @@ def normal_terms(w: Term):
         if last.op != "d" or any(f.has_d for f in word[:-1]):
             raise NotNormal("not in normal form: %s does not end in its only differential; apply normal(...) "
                             "first" % _short(s), s)
-        g = T.mul(T.num(c), *word[:-1]) if len(word) > 1 else T.mul(T.num(c), T.eye(last.shape[0]))
+        # the word before d(X) stands for a matrix: when it is only scalars (trace(c d(X)),
+        # trace(s d(X))), for c I. The identity is dropped again beside a matrix factor.
+        g = T.mul(T.num(c), *word[:-1], T.eye(last.shape[0]))
         pairs.append((last.args[0], g))
     return pairs
 

@@ -59,13 +59,14 @@ EXCLUDED = {
     "onescol": "a constant made from its argument's shape alone (generated as ones)",
     "onesrow": "a constant made from its argument's shape alone (generated as ones)",
     "cols": "a constant made from its argument's shape alone (generated as dims used as numbers)",
+    "eyerows": "a constant made from its argument's shape alone (generated as identities)",
 }
 #: constant scalars, as a user writes them before a factor
 CONSTANTS = ("2", "(1/2)", "s", "n", "(-3)", "(2/3)", "k")
 MAX_DEPTH = 4
 #: whether ``trace(S) A`` may have weights in S. Off: the stdlib rules do not reach a normal form
-#: when a differential ends up in a scalar factor (trace(trace(dU) X) stays, and collect builds
-#: 2 + X from trace(2 dU) + trace(X dU)); ``bench/fuzz.py --weight-traces`` turns it on.
+#: when a differential ends up in a scalar factor (trace(dU) trace(X) stays: the trace with the
+#: differential is not last in its product); ``bench/fuzz.py --weight-traces`` turns it on.
 WEIGHT_TRACES = False
 
 
@@ -401,6 +402,7 @@ class Summary:
     cases: int = 0
     failures: list = field(default_factory=list)
     fd_checked: int = 0
+    fd_refined: int = 0  # of those, weights whose finite difference needed a finer step
     skipped: dict = field(default_factory=dict)  # reason -> count
     worst: float = 0.0  # the largest disagreement seen among passing cases (relative to the scale)
     seconds: float = 0.0
@@ -442,6 +444,7 @@ def run(cases: int, seed: int = 0, batch: int = 500, shrink: int = 5, progress=N
                 last["failed"] = True  # generation stops at the first failure; shrinking follows
                 raise
             summary.fd_checked += report.checked_fd
+            summary.fd_refined += report.refined_fd
             summary.worst = max(summary.worst, _closeness(report))
             for method, _ in report.skipped:
                 summary.skipped[method] = summary.skipped.get(method, 0) + 1

@@ -10,7 +10,7 @@ operator   a node label of the term graph: ``mul`` (matrix product, n-ary), ``ad
            ``ones``. Issue 12 adds ``div`` (``A / B``), the componentwise functions ``exp``,
            ``log``, ``sqrt``, ``tanh``, ``sigmoid``, ``gelu`` with their derivative operators
            (``dexp(A, B) = exp(A) o B``, ...), the row reductions ``rowsum``, ``rowmean``,
-           ``rowvar``, and the shape constants ``onescol``, ``onesrow``, ``cols``.
+           ``rowvar``, and the shape constants ``onescol``, ``onesrow``, ``cols``, ``eyerows``.
 shape      ``(rows, cols)``; each side is a dim name (``"n"``) or an int. Scalars are 1 x 1 and
            additionally flagged ``scalar``: they commute with everything and are neutral in products.
 linear     the argument positions in which an operator is linear: a zero there makes the result zero.
@@ -211,6 +211,11 @@ def _ones_row(args):
     return (1, a.shape[1]), a.shape[1] == 1
 
 
+def _eye_rows(args):
+    (a,) = args
+    return (a.shape[0], a.shape[0]), a.shape[0] == 1
+
+
 def _scalar_result(args):
     return (1, 1), True
 
@@ -328,5 +333,7 @@ for _op in [
     Op("onescol", 1, _ones_column, doc="onescol(A) = ones(cols(A), 1): A onescol(A) = rowsum(A)"),
     Op("onesrow", 1, _ones_row, doc="onesrow(A) = ones(1, cols(A)): rowmean(A) onesrow(A) has A's shape"),
     Op("cols", 1, _scalar_result, doc="the number of columns of A, as a scalar"),
+    Op("eyerows", 1, _eye_rows, doc="eyerows(A) = eye(rows(A)), the unit before A in a word: a scalar c "
+       "there stands for c eyerows(A), which a sum needs (c + B would add c to every entry)"),
 ]:
     register(_op)

@@ -16,7 +16,7 @@ Smart constructors (``mul``, ``add``, ``divide``, ``transpose``, ``make``) apply
 the representation: flattening of associative operators, units (``1``, identity matrices) and
 zeros (a zero factor, summand or linear argument), a scalar beside matrices in a sum added to
 every entry (``s + A`` is ``s ones(n, d) + A``, as numpy broadcasts), division by a scalar as a
-scalar multiple, and the shape constants (``onescol``, ``onesrow``, ``cols``). Everything else
+scalar multiple, and the shape constants (``onescol``, ``onesrow``, ``cols``, ``eyerows``). Everything else
 about the operators is in rules.
 """
 
@@ -419,8 +419,10 @@ def cols(t: Term) -> Term:
 
 # Operators that stand for a constant made from the shape of their argument only (the argument
 # itself is dropped, so a differential inside it leaves nothing behind): rules write
-# ``onescol(?A)`` for the column of ones that sums the rows of ?A.
+# ``onescol(?A)`` for the column of ones that sums the rows of ?A, and ``?c... eyerows(?W)`` for
+# the matrix a run of factors before ?W stands for (c I when the run is only scalars).
 _SHAPE_CONSTANTS = {
+    "eyerows": lambda t: eye(t.shape[0]),
     "onescol": lambda t: ones((t.shape[1], 1)),
     "onesrow": lambda t: ones((1, t.shape[1])),
     "cols": cols,

@@ -111,3 +111,107 @@ w = form(E)
     report = check(source, sign=-1)
     assert report.ok, report.describe()
     assert {"code[shared]", "code[expanded]", "grad(w)"} <= set(report.gradients)
+
+
+# Found by the fuzzer (seed 11): a scalar before the differential of a square weight stands for a
+# multiple of the identity. collect built -(1/2) X^t + 1/2 (1/2 added to every entry) from
+# trace(-(1/2) X^t dU) + trace((1/2) dU), and a lone trace(s dU) had the number s as coefficient.
+UNIT = "dim n = 3, k = 2\nscalar s = k^(-1/2)\nconst X : n x n\nweight U : n x n, V : n x n\n"
+SCALAR_WORDS = {
+    "seed-11": "F = ((eye(n)) + U) + U\nE = X - F\nL = trace(E^t E) / 2\nw = d(L)\n",
+    "halves": "F = (eye(n) + U) + U\nE = X - F\nL = trace(E^t E) / 2\nw = trace(d(E)^t E) / 2 - form(E) / 2\n",
+    "declared-scalar": "L = trace(s U) + trace(X U)\nw = d(L)\n",
+    "alone": "L = trace(s U) + trace(2 V)\nw = d(L)\n",
+    "two-weights": "L = trace(2 U) + trace(U V) + trace(s V)\nw = d(L)\n",
+    "adjoint": "H := U V\nL = trace(s H) + trace(X H)\nw = d(L)\n",
+    "hadamard-alone": "L = trace(X * U) + trace(s (X * V))\nw = d(L)\n",
+}
+
+
+@pytest.mark.parametrize("body", SCALAR_WORDS.values(), ids=SCALAR_WORDS.keys())
+def test_a_scalar_before_the_differential_of_a_square_weight_is_a_multiple_of_the_identity(body):
+    report = check(UNIT + body, sign=1, use_torch=torch_eval.available())
+    assert report.ok, report.describe()
+    assert report.checked_fd == len(report.gradients[report.reference])  # every weight, by finite differences too
+    assert {"code[shared]", "code[expanded]", "eval[expanded]", "grad(w)"} <= set(report.gradients)
+
+
+def test_the_coefficient_of_a_lone_scalar_term_is_a_matrix():
+    """coeff(w, U) of w = d(trace(s U)) is s I (shaped like U^t), not the number s: its entries are
+    the finite-difference derivatives of the loss along each entry of U."""
+    import numpy as np
+
+    from fdsl.backends.numpy_eval import Evaluator
+    from fdsl.program import parse
+
+    program = parse(UNIT + "L = trace(s U) + 3 trace(V)\nw = d(L)\nN = normal(w)\n", "<case>")
+    values = {"U": np.arange(9.0).reshape(3, 3), "V": np.ones((3, 3)), "X": np.eye(3)}
+    dims = dict(program.dims)
+    for weight in ("U", "V"):
+        g = Evaluator(values, dims).value(program.expr("coeff(N, %s)" % weight))
+        assert g.shape == (3, 3)
+        L = program.expr("L")
+        fd = np.zeros((3, 3))
+        for i in range(3):
+            for j in range(3):
+                step = {k: v.copy() for k, v in values.items()}
+                step[weight][i, j] += 1.0  # L is linear in U and V: one-sided differences are exact
+                fd[i, j] = (Evaluator(step, dims).value(L) - Evaluator(values, dims).value(L)).item()
+        assert np.allclose(g.T, fd, atol=1e-12), (weight, g, fd)
+
+
+def test_a_sharply_bending_loss_is_measured_with_a_finer_step():
+    """Found by the fuzzer (seed 13): layernorm of rows of two nearly equal softmax entries bends
+    so sharply that the fourth-order stencil at step 1e-3 is off by 2.8e-6 of the gradient. Every
+    exact method agrees with torch; halving the step twice brings the stencil within 1e-8."""
+    source = """\
+dim n = 2
+const Xnn : n x n
+weight Unn : n x n
+F = dlayernorm(a(Unn), Unn)
+E := Xnn - F
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    report = check(source, sign=-1, seed=9407, use_torch=torch_eval.available())
+    assert report.ok, report.describe()
+    assert report.checked_fd == 1 and report.refined_fd == 1
+
+
+def test_a_loss_flat_in_its_weight():
+    """Found by the fuzzer (seed 13): mm(U, X) = [U > 0] o X has derivative 0 in U, so torch's loss
+    has no graph back to U; the torch oracle says 0, as finite differences do, instead of failing."""
+    source = """\
+dim n = 2
+const X : n x n
+weight U : n x n
+E := X - mm(U, X)
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    report = check(source, sign=-1, use_torch=torch_eval.available())
+    assert report.ok, report.describe()
+    assert report.checked_fd == 1
+    for grads in report.gradients.values():
+        assert not grads["U"].any()
+
+
+def test_a_gradient_that_is_zero_in_exact_arithmetic():
+    """Found by the fuzzer (seed 13): dlayernorm(U, ones) is 0 for every U (layernorm ignores a
+    constant added to a row), so dL/dU is 0; fdsl's is rounding noise of 4e-14, torch's exactly 0.
+    That is agreement (1e-12 absolute below a largest gradient of 1e-4); a wrong sign is not."""
+    source = """\
+dim n = 2
+const Xnn : n x n
+const Jnn : n x n = ones
+weight Unn : n x n
+F = dlayernorm(Unn, Jnn) + (1/2) Unn
+E := Xnn - F
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    flat = source.replace(" + (1/2) Unn", "")
+    report = check(flat, sign=-1, seed=59, use_torch=torch_eval.available())
+    assert report.ok, report.describe()
+    assert max(abs(g).max() for grads in report.gradients.values() for g in grads.values()) < 1e-12
+    assert not check(source, sign=1, seed=59, use_torch=torch_eval.available()).ok  # the check still bites

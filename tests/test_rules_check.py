@@ -82,6 +82,9 @@ PLANTED = textwrap.dedent("""\
     rule bad-t:        (?A ?B...)^t => ?A^t (?B...)^t when has_d(?A ?B...)
     rule bad-scalar:   trace(?c ?A ?B...) => trace(?A ?B...) when scalar(?c)
     rule bad-collect:  trace(?A... d(?W)) + trace(?B... d(?W)) + ?R... => trace((?A... + ?B...) d(?W))
+    # the stdlib's collect before the fuzzer found it: trace(c d(W)) binds ?A... to the number c,
+    # which stands for c I there, and c + B adds c to every entry of B
+    rule bad-collect-unit: trace(?A... d(?W)) + trace(?B... d(?W)) + ?R... => trace((?A... + ?B...) d(?W)) + ?R...
     """)
 
 

@@ -154,6 +154,9 @@ class TorchEvaluator:
             return {}
         out = self.value(loss).reshape(())
         leaves = [self.leaves[w] for w in weights]
+        if not out.requires_grad:  # no weight reaches the loss through a differentiable path
+            # (mm(U, X) = [U > 0] o X is flat in U): autograd has no graph to go back through
+            return {w: self.torch.zeros_like(x).detach().numpy() for w, x in zip(weights, leaves)}
         grads = self.torch.autograd.grad(out, leaves, allow_unused=True)
         return {w: (g.detach().numpy() if g is not None else self.torch.zeros_like(x).detach().numpy())
                 for w, g, x in zip(weights, grads, leaves)}
