@@ -659,9 +659,22 @@ def rules_to_check(program, files) -> list:
     book = program.rulebook
     before = set(book.rule_names)
     if files:
+        loaded = set(book.files)
         book.load(*[Path(f) for f in files])
-        return [r for n, r in book.rule_names.items() if n not in before]
+        # a file the stdlib loaded already (fdsl rules --check stdlib/d.rules) is checked all the same
+        again = {str(Path(f).resolve()) for f in files} & loaded
+        return [r for n, r in book.rule_names.items() if n not in before or _rule_file(r) in again]
     return list(book.rule_names.values())
+
+
+def _rule_file(rule) -> str:
+    """The resolved path of the file ``rule`` was read from (``rule.file`` shows stdlib files as
+    stdlib/NAME)."""
+    from .resources import stdlib_dir
+
+    if rule.file.startswith("stdlib/"):
+        return str((stdlib_dir() / rule.file[len("stdlib/"):]).resolve())
+    return str(Path(rule.file).resolve())
 
 
 def check(files=(), trials: int = 20, seed: int = 0, out=None) -> int:

@@ -165,11 +165,14 @@ def subcommand(register):
 
 
 def _main(argv, result):
+    args = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         result.append(args.func(args))
     except FdslError as e:
+        if e.file is None and isinstance(getattr(args, "file", None), str):
+            e.file = args.file  # an error of the command's work on a program is an error of its file
         print(str(e), file=sys.stderr)
         result.append(2)
     except SystemExit as e:  # argparse: usage errors exit 2 after printing usage

@@ -51,7 +51,7 @@ def read_source(path, what: str = "file") -> str:
     st = regular_file(path, what)
     if st.st_size > MAX_SOURCE_BYTES:
         raise FdslError("this %s is %s, more than the %s a program or rule file may have"
-                        % (what, _bytes(st.st_size), _bytes(MAX_SOURCE_BYTES)), file=str(path))
+                        % (what, size_text(st.st_size), size_text(MAX_SOURCE_BYTES)), file=str(path))
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_SOURCE_BYTES + 1)
@@ -64,7 +64,13 @@ def read_source(path, what: str = "file") -> str:
 
 
 def memory_budget() -> int:
-    """Bytes an allocation may take now: the available memory, within the process's limit."""
+    """Bytes an allocation may take now: half of the memory left."""
+    return memory_left() // 2  # an operation holds its operands and its result at once
+
+
+def memory_left() -> int:
+    """Bytes this process may still take: what the system has available, within what is left of
+    the process's address-space limit (``ulimit -v``: the limit less what the process maps)."""
     budget = None
     try:
         with open("/proc/meminfo") as f:
@@ -81,8 +87,17 @@ def memory_budget() -> int:
             budget = 1 << 34
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
-        budget = min(budget, soft)
-    return budget // 2  # an operation holds its operands and its result at once
+        budget = min(budget, soft - _mapped())
+    return max(budget, 0)
+
+
+def _mapped() -> int:
+    """Bytes of address space this process maps now (what RLIMIT_AS limits); 0 if unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def check_allocation(nbytes: int, what: str) -> None:
@@ -90,10 +105,11 @@ def check_allocation(nbytes: int, what: str) -> None:
     if nbytes > (1 << 26):  # below 64 MB nothing is worth the look at /proc
         budget = memory_budget()
         if nbytes > budget:
-            raise FdslError("%s would take %s, more than the memory available (%s)" % (what, _bytes(nbytes), _bytes(budget)))
+            raise FdslError("%s would take %s, more than the memory available (%s)" % (what, size_text(nbytes), size_text(budget)))
 
 
-def _bytes(n: int) -> str:
+def size_text(n: int) -> str:
+    """``1.5 GB``, ``12.0 MB``, ``300 bytes``: a number of bytes for a message."""
     for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
         if n >= size:
             return "%.1f %s" % (n / size, unit)

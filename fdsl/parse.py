@@ -71,6 +71,8 @@ _TERMINALS = {
 
 
 def describe_terminal(name: str, literals=None) -> str:
+    if name.startswith("fdsl__"):  # a rule file's grammar imports fdsl.lark's terminals under this prefix
+        name = name[len("fdsl__"):]
     if name in _TERMINALS:
         return _TERMINALS[name]
     if literals and name in literals:  # an anonymous literal such as "=>": show it as written
@@ -190,6 +192,15 @@ def _whole(tok) -> int:
     return int(tok)
 
 
+def _size(tok) -> int:
+    """A size as written (``dim n = 8``, ``const X : 3 x n``): a whole number of at least 1, since
+    numpy reduces an empty matrix (a max, a softmax) to no value at all."""
+    value = _whole(tok)
+    if value < 1:
+        raise FdslError("a size is at least 1, not %d" % value, line=tok.line, col=tok.column)
+    return value
+
+
 @v_args(meta=True)
 class ToAst(Transformer_NonRecursive):
     """Parse tree to Nodes and Stmts; mostly one line per grammar alias. Not recursive: a sum
@@ -229,7 +240,7 @@ class ToAst(Transformer_NonRecursive):
 
     # ---- declarations
     def dim_item(self, meta, children):
-        return (str(children[0]), _whole(children[1]) if len(children) > 1 else None, meta.line, meta.column)
+        return (str(children[0]), _size(children[1]) if len(children) > 1 else None, meta.line, meta.column)
 
     def indices(self, meta, children):
         return ("indices", tuple(str(c) for c in children))
@@ -245,7 +256,7 @@ class ToAst(Transformer_NonRecursive):
 
     def dim_ref(self, meta, children):
         tok = children[0]
-        return _whole(tok) if tok.type == "INT" else str(tok)
+        return _size(tok) if tok.type == "INT" else str(tok)
 
     def sym_item(self, meta, children):
         item = {"name": str(children[0]), "indices": (), "shape": None, "value": None,

@@ -99,6 +99,7 @@ class Program:
         self._depth = 0
         self._runaway = None  # the innermost call when Python's recursion limit is hit
         self._src = (filename, "")
+        self._src_lines = (None, [])  # (a text, its lines), for _record_source
         self.values = None  # the numpy backend's symbol values, when given
         self.last_shown = None  # the value the last show printed (the repl's _)
         # the program's own definitions (E := ...) whose binding a show has printed: later shows
@@ -123,6 +124,14 @@ class Program:
                 self.statement(st)
             except FdslError as e:
                 raise e.located(filename, st.line, st.col, text)
+            except MemoryError:
+                # the limits (sizes checked before allocating, the size limit, the memory look of
+                # fdsl.terms) should stop first; this is the last net, a message instead of a traceback
+                raise FdslError("out of memory: this statement needs more than the memory there is (lower "
+                                "--size-limit N, or the sizes)").located(filename, st.line, st.col, text) from None
+            except RecursionError:
+                raise FdslError("this statement nests too deeply for Python's recursion limit"
+                                ).located(filename, st.line, st.col, text) from None
         return self.effects[start:]
 
     def statement(self, st: Stmt):
@@ -222,7 +231,10 @@ class Program:
     def _record_source(self, st: Stmt):
         """Keep a definition's text as written, for the program's display (clauses accumulate;
         a new value definition replaces the old one and moves to the end)."""
-        lines = self._src[1].splitlines()[st.line - 1:st.end_line]
+        text = self._src[1]
+        if self._src_lines[0] is not text:  # split once per text: a program of 100,000 definitions
+            self._src_lines = (text, text.splitlines())  # would otherwise split it 100,000 times
+        lines = self._src_lines[1][st.line - 1:st.end_line]
         if not lines or not st.end_col:
             return
         lines[-1] = lines[-1][:st.end_col - 1]

@@ -31,6 +31,13 @@ from .ops import OPS, ShapeError
 
 _TABLE: dict = {}
 _BUILT = [0]  # nodes and argument slots interned so far: what the size limit of a rewrite counts
+# Interned terms live as long as the process, and a small node costs about 250 bytes, so the size
+# limit (counted in cells) may allow more than the memory there is. Every _MEMORY_EVERY cells (at
+# most about 70 MB of terms) the memory left is looked at, and building stops with a message while
+# _MEMORY_RESERVE is still free for the message and the way out, not in a MemoryError.
+_MEMORY_EVERY = 1 << 19
+_MEMORY_RESERVE = 1 << 28
+_NEXT_LOOK = [_MEMORY_EVERY]
 
 
 class Term:
@@ -158,7 +165,22 @@ def _intern(op, args, data, shape, scalar):
     if t is None:
         t = _TABLE[key] = Term(op, args, data, shape, scalar)
         _BUILT[0] += 1 + len(args)
+        if _BUILT[0] >= _NEXT_LOOK[0]:
+            _look_at_memory()
     return t
+
+
+def _look_at_memory() -> None:
+    """A StepLimit if the terms built so far leave less than _MEMORY_RESERVE of memory."""
+    from .errors import StepLimit
+    from .inputs import memory_left, size_text
+
+    _NEXT_LOOK[0] = _BUILT[0] + _MEMORY_EVERY
+    left = memory_left()
+    if left < _MEMORY_RESERVE:
+        raise StepLimit("the terms built so far fill the memory (%s left, %d term cells built): a rule "
+                        "that grows its term without end? (--size-limit N stops a rewrite sooner)"
+                        % (size_text(left), _BUILT[0]))
 
 
 def built() -> int:

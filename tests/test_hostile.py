@@ -67,6 +67,27 @@ class Case:
     links: dict = field(default_factory=dict)  # name -> target, symlinks made before the run
 
 
+# Symbols named as the generated module's own globals (INPUTS, DTYPE), its functions (grads) and
+# builtins (sum): each must not hide the global of that name from the function that reads it.
+CODEGEN_NAMES = ("dim n = 3, k = 2\nconst values : n x k, Y : n x k\nweight INPUTS, grads, DTYPE, sum : k x k\n"
+                 "w = form(Y - values INPUTS grads DTYPE sum)\n")
+
+
+def _check_codegen_names(path):
+    """Run the generated module; the gradient of INPUTS against numpy: for E = Y - V A B C D,
+    -dL/dA = V^t E (B C D)^t, L = 1/2 ||E||^2."""
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    rng = np.random.default_rng(0)
+    v = {"values": rng.standard_normal((3, 2)), "Y": rng.standard_normal((3, 2))}
+    v.update({name: rng.standard_normal((2, 2)) for name in ("INPUTS", "grads", "DTYPE", "sum")})
+    e = v["Y"] - v["values"] @ v["INPUTS"] @ v["grads"] @ v["DTYPE"] @ v["sum"]
+    want = v["values"].T @ e @ (v["grads"] @ v["DTYPE"] @ v["sum"]).T
+    got = namespace["grads"](v)
+    assert set(got) == {"INPUTS", "grads", "DTYPE", "sum"}
+    assert np.allclose(got["INPUTS"], want, rtol=1e-12, atol=1e-12)
+
+
 PWNED = 'operator f(A) numpy "__import__(\\"os\\").system(\\"touch PWNED\\")"\n'
 TEMPLATE = 'operator f(A) numpy "np.tanh({0})"\n'
 
@@ -187,6 +208,33 @@ CASES = [
          message=r"^p\.fd:4:6: .*the string 'x+\.\.\. \(100002 characters\)$"),
     Case("program-is-folder", {"p.fd/keep": ""}, ["run", "p.fd"],
          message=r"^p\.fd: cannot read this file: it is a folder"),
+    # ---- more, found by trying (see the commits that added them) ---------------------------------
+    Case("many-definitions", {"p.fd": HEAD + "x0 = X\n" + "".join("x%d = m(x%d)\n" % (i + 1, i) for i in range(50_000))
+                              + "show nodes(x50000)\n"}, ["run", "p.fd"], code=0, stdout=r"^50001$"),
+    Case("growing-sum-fills-memory", {"p.fd": 'rules "g.rules"\n' + HEAD + "show grow(m(X))\n",
+                                      "g.rules": "ruleset grow\nrule g: m(?A) => m(-?A) + m(?A^t)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:5:6: (the terms built so far fill the memory|grow built more than)"),
+    Case("dim-zero", {"p.fd": "dim n = 0\nconst X : n x n\nrandom 0\nshow eval(a(X))\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:1:9: a size is at least 1, not 0$"),
+    Case("shape-zero", {"p.fd": "dim n = 2\nconst X : n x 0\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:2:15: a size is at least 1, not 0$"),
+    Case("values-empty-array", {"p.fd": "dim n, k\nconst X : n x k\nvalues \"v.npz\"\nshow eval(a(X))\n",
+                                "v.npz": _npz(X=np.zeros((2, 0)))}, ["run", "p.fd"],
+         message=r"^p\.fd:3:1: the value of X in .*v\.npz is empty \(shape 2 x 0\)"),
+    Case("grad-huge-random", {"p.fd": "dim n = 100000\nconst X : n x n\nweight W : n x n\nw = form(X W)\n"},
+         ["grad", "p.fd", "--form", "w", "--random", "0", "--out", "g.npz"], absent=("g.npz",),
+         message=r"^p\.fd: random values for (X|W), 100000 x 100000 floats, would take 74\.5 GB, more than the memory"),
+    Case("train-huge-located", {"p.fd": "dim n = 100000\nconst X : n x n\nweight W : n x n\nw = form(X W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "1", "--lr", "0.1"],
+         message=r"^p\.fd: .*100000 x 100000 floats, would take 74\.5 GB"),
+    Case("form-name-with-newline", {"p.fd": HEAD + "w = form(W)\n"},
+         ["codegen", "p.fd", "--form", 'w"""\nimport os', "-o", "g.py"], absent=("g.py",),
+         message=r"^--form 'w\"\"\"\\nimport os': unexpected character"),
+    Case("rule-file-message-names-no-grammar-internals", {"p.fd": 'rules "r.rules"\n',
+                                                          "r.rules": "ruleset z\nrule a: m(?A) => ?A if __import__(?A)\n"},
+         ["run", "p.fd"], message=r"^r\.rules:2:24: unexpected character '_'; (?!.*fdsl__).*a number"),
+    Case("codegen-names-of-the-module", {"p.fd": CODEGEN_NAMES}, ["codegen", "p.fd", "--form", "w", "-o", "g.py"],
+         code=0, check=lambda d: _check_codegen_names(d / "g.py")),
 ]
 
 

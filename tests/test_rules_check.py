@@ -123,6 +123,17 @@ def test_the_softplus_example_is_sound(run_fdsl, examples):
     assert all(status == "sound" for status, _ in found.values())
 
 
+@pytest.mark.parametrize("name", ["elementwise", "layers"])
+def test_a_stdlib_file_named_on_the_command_line_is_checked_not_skipped(run_fdsl, repo, name):
+    # the stdlib loads the file before the command line does: its rules are still the ones checked
+    r = run_fdsl("rules", "--check", repo / "stdlib" / ("%s.rules" % name))
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = verdicts(r.stdout)
+    text = (repo / "stdlib" / ("%s.rules" % name)).read_text()
+    assert set(found) == set(re.findall(r"^rule ([\w-]+):", text, re.M)) and len(found) > 20
+    assert all(status == "sound" for status, _ in found.values())
+
+
 def test_rules_that_cannot_be_instantiated_are_skipped_with_a_reason(tmp_path):
     path = tmp_path / "odd.rules"
     path.write_text("ruleset mine\n"

@@ -44,6 +44,7 @@ dims)`` returns the same function in-process, for ``grad`` and training.
 
 from __future__ import annotations
 
+import builtins
 import keyword
 import re
 from fractions import Fraction
@@ -156,7 +157,11 @@ def canon(t: Term) -> tuple:
 
 
 _TEMP = re.compile(r"t\d+\Z")
-_RESERVED = {"np", "torch", "values", "float"}
+# Names the generated module gives a meaning of its own: its imports, its globals and functions,
+# the builtins. A symbol called INPUTS or grads gets a variable with a suffix (INPUTS_2): a local
+# of the name would hide the global from the function reading it (UnboundLocalError).
+_RESERVED = {"np", "torch", "math", "values", "INPUTS", "DTYPE", "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS",
+             "SHAPES", "DATA", "grads", "grads_and_loss", "loss", "FdslLoss", "Model"} | set(dir(builtins))
 
 
 # ---- the lowering -------------------------------------------------------------------------------

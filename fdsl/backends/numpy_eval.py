@@ -326,6 +326,9 @@ def conform(name: str, array, symbol: Symbol, shape, dims: dict, origin: dict, s
         raise FdslError("the value of %s%s is not a matrix of numbers" % (name, where)) from None
     if array.dtype.kind not in "biuf":
         raise FdslError("the value of %s%s must hold real numbers, not %s" % (name, where, array.dtype))
+    if array.size == 0:  # numpy reduces an empty matrix (a softmax's max) to no value at all
+        raise FdslError("the value of %s%s is empty (shape %s): a matrix has at least one row and one "
+                        "column" % (name, where, " x ".join(map(str, array.shape))))
     array = array.astype(np.float64)
     bad = first_non_finite(array)
     if bad is not None:
@@ -411,6 +414,8 @@ class Values(dict):
     def generate(self, symbol: Symbol, shape: tuple) -> np.ndarray:
         """Draw the random value of ``symbol``: normal entries, weights scaled by 1/sqrt(rows)."""
         name = symbol.printed()
+        check_allocation(8 * int(np.prod(shape, dtype=object)), "random values for %s, %s floats,"
+                         % (name, " x ".join(map(str, shape))))
         rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
         array = rng.standard_normal(shape)
         if symbol.kind == "weight":

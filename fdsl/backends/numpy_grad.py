@@ -212,16 +212,17 @@ def form_named(program, name: str) -> Term:
     if name in program.clauses and name not in program.definitions:
         raise FdslError("%s is a parameterised definition; --form takes a form, e.g. a definition "
                         "w = form(E)" % name, file="--form")
+    label = "--form %s" % (name if name.isprintable() else repr(name))  # a newline would split the message
     try:
         value = program.expr(name)
     except FdslError as e:
         if e.file == "<expr>":
-            e.file, e.line, e.col, e.source = "--form %s" % name, None, None, None
+            e.file, e.line, e.col, e.source = label, None, None, None
         raise
     try:
         return check_one_form(value, name)
     except FdslError as e:
-        e.file = e.file or "--form %s" % name
+        e.file = e.file or label
         raise
 
 
