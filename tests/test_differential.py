@@ -113,6 +113,23 @@ w = form(E)
     assert {"code[shared]", "code[expanded]", "grad(w)"} <= set(report.gradients)
 
 
+def test_the_mask_of_a_scalar():
+    """Found by the fuzzer (seed 21): mm(eye(1), U) with a weight in its second argument flips to
+    mm(1, E^t), and the generated code looked for a statement computing the number 1 (KeyError)."""
+    source = """\
+dim n = 1
+const X11 : 1 x 1
+weight U11 : 1 x 1
+F = mm(eye(1), U11) + mm(-1, U11) + mm(trace(X11), U11)
+E := X11 - F
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    report = check(source, sign=-1)
+    assert report.ok, report.describe()
+    assert {"code[shared]", "code[expanded]", "grad(w)"} <= set(report.gradients)
+
+
 # Found by the fuzzer (seed 11): a scalar before the differential of a square weight stands for a
 # multiple of the identity. collect built -(1/2) X^t + 1/2 (1/2 added to every entry) from
 # trace(-(1/2) X^t dU) + trace((1/2) dU), and a lone trace(s dU) had the number s as coefficient.

@@ -779,13 +779,14 @@ class Lowering:
         return ref
 
     def _mask(self, a: Term) -> _Ref:
-        """The mask ``a > 0`` of a base, as stored (flip as the base's storage)."""
-        stored = self.refs[a]
+        """The mask ``a > 0`` of a base, as stored (flip as the base's storage). A scalar base (the
+        number 1 of ``mm(eye(1), B)``, a trace) has no statement of its own: its mask is 1 x 1."""
         var = self.masks.get(a)
         if var is None:
+            stored = self._matrix(self.ref(a)) if a.scalar else self.refs[a]
             var = self.masks[a] = self._fresh("mask_" + stored.var if stored.var.isidentifier() else None)
             self._emit_stmt(var, "%s = %s > 0" % (var, stored.var), [stored.var])
-        return _Ref(var, stored.flip)
+        return _Ref(var, False if a.scalar else self.refs[a].flip)
 
     def _matrix(self, ref: _Ref) -> _Ref:
         """``ref`` as a 1 x 1 array when it is a scalar (a Python number): an argument of a matrix
