@@ -249,3 +249,22 @@ w = form(E)
     # an argument of relu that is exactly 0 is no kink of rounding: both sides mask it alike
     exact = check(source.replace("ddlayernorm(Xnd, Xnd, Jnd)", "zeros(n, d)") + "\n", sign=-1)
     assert exact.ok and not exact.skipped
+
+
+def test_a_loss_of_size_1e122_is_measured_with_a_step_of_1_5e_5():
+    """Found by the fuzzer (seed 14): exp of layernorm's Jacobian at rows of nearly equal entries
+    makes gradients of 2e61; the stencil's error at the steps 1e-3 ... 6.25e-5 is 0.46, 0.02,
+    1.2e-3, 7.2e-5, 4.4e-6 of the gradient (16-fold per halving: truncation), 1.5e-8 at 1.5e-5."""
+    source = """\
+dim n = 2, d = 4
+const Xnd : n x d
+weight Und : n x d, Unn : n x n
+H0 := Unn
+F = exp(dlayernorm(sqrt(1 + Und * Und), Xnd))
+E := Xnd - F
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    report = check(source, sign=-1, seed=2330, use_torch=torch_eval.available())
+    assert report.ok, report.describe()
+    assert report.scale > 1e60 and report.checked_fd == 1 and report.refined_fd == 1
