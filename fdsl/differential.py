@@ -39,6 +39,9 @@ kink        an argument of relu (``m``, ``mm``) that is 0 in exact arithmetic bu
             constant row) is at a kink: no derivative exists there, and each implementation's
             mask follows the sign of its own rounding. Such a case (an entry below ``KINK`` in
             size, not 0) is computed every way but not compared, and reported as skipped.
+overflow    a loss that is not finite at the drawn values (``exp(exp(exp(U)))``) has no numbers to
+            compare: the case is reported as skipped. (A finite loss whose gradient is not, or
+            any method that fails, is a failure.)
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ import numpy as np
 
 from . import terms as T
 from .backends import codegen, torch_eval
-from .backends.numpy_eval import Evaluator, NotDifferentiable, program_values
+from .backends.numpy_eval import Evaluator, NonFinite, NotDifferentiable, program_values
 from .backends.numpy_grad import gradients, symbol_leaves
 from .errors import FdslError
 from .forms import weights
@@ -147,6 +150,12 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
     leaves = symbol_leaves(everything)
     values = draw_values(leaves, dims, seed)
     names = sorted(n for n, leaf in leaves.items() if leaf.data[0].kind == "weight")
+    try:
+        Evaluator(values, dims).value(L)
+    except NonFinite as e:  # float64 overflows before any gradient is taken
+        report.skipped.append(("every method", "the loss is not finite at these values: %s"
+                               % str(e).splitlines()[0]))
+        return report
 
     def full(grads):  # every weight; one the form does not involve has gradient 0
         return {n: np.asarray(grads[n], dtype=np.float64) if n in grads else np.zeros_like(values[n])

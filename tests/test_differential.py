@@ -268,3 +268,20 @@ w = form(E)
     report = check(source, sign=-1, seed=2330, use_torch=torch_eval.available())
     assert report.ok, report.describe()
     assert report.scale > 1e60 and report.checked_fd == 1 and report.refined_fd == 1
+
+
+def test_a_loss_that_overflows_is_skipped_not_compared():
+    """Found by the fuzzer (seed 15): exp(exp(...)) of normal values is inf in float64, so the
+    loss has no number and nor has any gradient; the case is skipped with the reason."""
+    source = """\
+dim n = 4, d = 1
+const Xdn : d x n
+weight Udn : d x n
+F = dexp(exp(dexp(Udn, dexp(Udn, Udn))), Udn)
+E := Xdn - F
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    report = check(source, sign=-1, seed=0, use_torch=torch_eval.available())
+    assert report.ok and not report.gradients
+    assert [m for m, _ in report.skipped] == ["every method"] and "not finite" in report.skipped[0][1]
