@@ -259,7 +259,7 @@ class Stepper:
 
     def loop(self, t: Term):
         raise Loop("%s loops: %s rewrote back to itself after %d steps%s"
-                        % (self.name, _short(t), self.steps, self.recent()))
+                   % (self.name, _short(t), self.steps, self.recent()))
 
 
 def _short(t, n=120):
