@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=500, help="programs per Hypothesis run (default 500)")
     ap.add_argument("--shrink", type=int, default=5, metavar="K", help="shrink the first K failures (default "
                     "5); later ones are printed as found")
-    ap.add_argument("--weight-traces", action="store_true",
-                    help="let trace(S) A have weights in S (the stdlib rules cannot normalise those yet)")
+    ap.add_argument("--no-weight-traces", dest="weight_traces", action="store_false",
+                    help="keep weights out of S in trace(S) A (the programs of the runs before 2026-11-25)")
     ap.add_argument("--break", dest="broken", choices=["scalar", "sign"],
                     help="break the lowering on purpose: the fuzzer must catch it")
     args = ap.parse_args(argv)

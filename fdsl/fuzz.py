@@ -64,10 +64,10 @@ EXCLUDED = {
 #: constant scalars, as a user writes them before a factor
 CONSTANTS = ("2", "(1/2)", "s", "n", "(-3)", "(2/3)", "k")
 MAX_DEPTH = 4
-#: whether ``trace(S) A`` may have weights in S. Off: the stdlib rules do not reach a normal form
-#: when a differential ends up in a scalar factor (trace(dU) trace(X) stays: the trace with the
-#: differential is not last in its product); ``bench/fuzz.py --weight-traces`` turns it on.
-WEIGHT_TRACES = False
+#: whether ``trace(S) A`` may have weights in S: the differential then ends up in a scalar factor,
+#: trace(X dU) trace(E^t X), which the stdlib's scalar-in-d brings into one trace.
+#: ``bench/fuzz.py --no-weight-traces`` turns it off.
+WEIGHT_TRACES = True
 
 
 # ---- the operator table ---------------------------------------------------------------------------

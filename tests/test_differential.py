@@ -130,6 +130,26 @@ w = form(E)
     assert {"code[shared]", "code[expanded]", "grad(w)"} <= set(report.gradients)
 
 
+def test_a_differential_in_a_scalar_factor():
+    """d(trace(X U) A) = trace(X dU) A + ...: in the form the trace with the differential stands
+    among other scalars, trace(X dU) trace(E^t A), and no rule brought it into one trace (normal
+    refused the program). The stdlib's scalar-in-d does; the fuzzer generates such traces now."""
+    source = """\
+dim n = 3, k = 2
+scalar s = k^(-1/2)
+const X : n x n, Y : n x n
+weight U : n x n, V : n x n
+weight g : scalar
+F = trace(X U) X + trace(U) Y + s trace(V X) trace(U) U + g trace(U V) X
+E = Y - F
+L = trace(E^t E) / 2
+w = form(E)
+"""
+    report = check(source, sign=-1)
+    assert report.ok, report.describe()
+    assert {"code[shared]", "code[expanded]", "grad(w)"} <= set(report.gradients)
+
+
 # Found by the fuzzer (seed 11): a scalar before the differential of a square weight stands for a
 # multiple of the identity. collect built -(1/2) X^t + 1/2 (1/2 added to every entry) from
 # trace(-(1/2) X^t dU) + trace((1/2) dU), and a lone trace(s dU) had the number s as coefficient.
