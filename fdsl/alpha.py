@@ -73,7 +73,8 @@ def canonical(root: Term, lets: bool) -> tuple:
 
 def rename(root: Term, mapping: dict) -> Term:
     """``root`` with each atom that is a key of ``mapping`` replaced by its value (let bodies are
-    not entered: an atom is replaced whole)."""
+    not entered: an atom is replaced whole). Unlike ``rewrite.substitute`` it does not rebuild
+    through the constructors: a renamed node is interned as it is (``T.renamed``)."""
     out: dict = {}
     stack = [root]
     while stack:

@@ -5,9 +5,10 @@ Vocabulary
 instance   bindings of a rule's pattern variables to random terms of consistent shapes: ``?A`` to one
            term, ``?A...`` to a run of 0 to 2 factors (in a product) or summands (in a sum or a
            Hadamard product). A run of factors is sometimes only scalars where a square matrix
-           stands (the engine binds ``?A...`` of ``trace(?A... d(?W))`` to ``c`` in ``trace(c d(W))``):
-           it means ``c I`` there, and a right side that uses it outside a product must keep that. Both sides are built from the same bindings (``fdsl.patterns.build``)
-           and evaluated; the engine's own application of the rule to the left side
+           stands (the engine binds ``?A...`` of ``trace(?A... d(?W))`` to ``c`` in
+           ``trace(c d(W))``): it means ``c I`` there, and a right side that uses it outside a
+           product must keep that. Both sides are built from the same bindings
+           (``fdsl.patterns.build``) and evaluated; the engine's own application of the rule to the left side
            (``Rule.apply``) is evaluated too, so a matcher that binds differently is caught as well.
 dim        a size variable. Every variable has (rows, cols) dims; the rule's products (inner sizes
            equal), sums, Hadamard products, ``mm``/``aa`` and elementwise operators (equal shapes),

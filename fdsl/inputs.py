@@ -105,7 +105,8 @@ def check_allocation(nbytes: int, what: str) -> None:
     if nbytes > (1 << 26):  # below 64 MB nothing is worth the look at /proc
         budget = memory_budget()
         if nbytes > budget:
-            raise FdslError("%s would take %s, more than the memory available (%s)" % (what, size_text(nbytes), size_text(budget)))
+            raise FdslError("%s would take %s, more than the memory available (%s)"
+                            % (what, size_text(nbytes), size_text(budget)))
 
 
 def size_text(n: int) -> str:
