@@ -6,7 +6,7 @@
 Table 1, front end and normalisation: for the encoder of examples/deep.fd with L layers, the time
 to parse and elaborate the program and build form(E) ("front end"), the time of the strategy
 (``backprop``: the shared normal form; ``normal``: the manual's fully expanded one) and the size
-of the result in distinct nodes (``fdsl.terms.dag_size``). Each measurement runs in a fresh
+of the result in distinct nodes (``fdsl.core.terms.dag_size``). Each measurement runs in a fresh
 process (terms are interned process-wide, so a second run would find its subterms already built);
 the one-time start-up (imports, grammar, stdlib rules) is excluded and reported separately. Times
 are CPU seconds of that process (the work is single-threaded). The expanded form stops growing L once one L takes more than 60 s or the one before took more than 20 s.
@@ -80,8 +80,8 @@ def normalise_once(L: int, strategy: str) -> dict:
     this single-threaded process, so that other load on a shared machine does not count), size."""
     t0 = time.process_time()
     import fdsl
-    from fdsl import terms as T
-    from fdsl.forms import form
+    from fdsl.core import terms as T
+    from fdsl.calculus.forms import form
 
     warm = fdsl.parse("dim m = 2\nweight Z : m x m\nz = Z\n")  # grammar and stdlib rules, once
     warm.apply_rules(strategy, form(warm["z"]))
@@ -161,7 +161,7 @@ def fdsl_gradients(L, n, d, k, h):
     """(grads function, seconds to build it, matrix-product multiply-adds of the generated code)."""
     import fdsl
     from fdsl.backends import codegen
-    from fdsl.forms import form
+    from fdsl.calculus.forms import form
 
     t0 = time.perf_counter()
     p = fdsl.parse(program_text(L, (n, d, k, h)))

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 import fdsl  # noqa: E402
 from fdsl.backends import graphviz as gv  # noqa: E402
 from fdsl.backends.depsview import path_view  # noqa: E402
-from fdsl.forms import coeff  # noqa: E402
+from fdsl.calculus.forms import coeff  # noqa: E402
 
 DEPTHS = [6, 8, 12, 16]
 

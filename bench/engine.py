@@ -15,7 +15,7 @@ of the engine's ``Stepper.fire``), so ``rewrites/s`` is steps over the CPU secon
 The baseline is the source tree of an older commit (``git archive``, unpacked into a temporary
 folder), run by the same interpreter on the same program: the engines alternate round by round,
 so load on this shared machine hits all alike, and the ratio is of medians from the same run.
-This tree is also run with renaming (``fdsl.alpha``) turned off, so that every layer is
+This tree is also run with renaming (``fdsl.core.alpha``) turned off, so that every layer is
 rewritten: that shows what the engine's own speed and what rewriting a layer once contribute, and
 the two runs must give the same normal form to the letter. All must produce normal forms of the
 same size (a different result stops the benchmark).
@@ -47,12 +47,12 @@ MARK_BEGIN, MARK_END = "<!-- bench/engine.py: begin -->", "<!-- bench/engine.py:
 def workload_once(L: int) -> dict:
     """One measurement in this (fresh) process, with the fdsl found first on sys.path."""
     import fdsl
-    from fdsl import rewrite
-    from fdsl import terms as T
-    from fdsl.forms import form
+    from fdsl.rewrite import engine as rewrite
+    from fdsl.core import terms as T
+    from fdsl.calculus.forms import form
 
     if os.environ.get("FDSL_BENCH_NO_RENAMING"):  # every layer rewritten (this tree only)
-        from fdsl import alpha
+        from fdsl.core import alpha
 
         alpha.canonical = lambda root, lets: (root, {})
 
@@ -73,7 +73,7 @@ def workload_once(L: int) -> dict:
     t0 = time.process_time()
     w = p.apply_rules("backprop", f)
     seconds = time.process_time() - t0
-    from fdsl.printers import string
+    from fdsl.core.printers import string
 
     digest = hashlib.sha256(string(w).encode()).hexdigest() if hasattr(fdsl, "alpha") else ""
     return {"seconds": seconds, "steps": steps[0], "size": T.dag_size(w), "digest": digest}

@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import fdsl  # noqa: E402
-from fdsl.parse import parse_program  # noqa: E402
-from fdsl.terms import dag_size, tree_size  # noqa: E402
+from fdsl.lang.parse import parse_program  # noqa: E402
+from fdsl.core.terms import dag_size, tree_size  # noqa: E402
 
 LAYERS = [1, 2, 4, 8, 16, 20, 32, 40]
 

@@ -1,10 +1,10 @@
-"""The differential fuzzer from the command line (fdsl.fuzz): random programs, every gradient path.
+"""The differential fuzzer from the command line (fdsl.verify.fuzz): random programs, every gradient path.
 
     python bench/fuzz.py --cases 10000            # check 10,000 distinct random programs
     python bench/fuzz.py --cases 500 --seed 3     # another stream of programs
     python bench/fuzz.py --cases 200 --break scalar   # a deliberately broken lowering: it is caught
 
-Each program (fdsl source text, through the real front end) is checked by fdsl.differential: the
+Each program (fdsl source text, through the real front end) is checked by fdsl.verify.differential: the
 numpy evaluation and the generated code of its shared and expanded normal forms, grad(w), torch
 autograd (when torch is installed) and central finite differences of the loss. Every disagreement
 beyond 1e-8 of the largest gradient (finite differences: 1e-6), and every exception, is shrunk by
@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fdsl import differential, fuzz  # noqa: E402
+from fdsl.verify import differential
+from fdsl.verify import fuzz  # noqa: E402
 from fdsl.backends import codegen, torch_eval  # noqa: E402
 
 

@@ -39,7 +39,7 @@ def run(depth: int, source: str):
     codegen._COMPILED.clear()  # compile afresh: the time includes generating the code
     grads = numpy_grad.gradients(p, g)
     t2 = time.process_time()
-    return t1 - t0, t2 - t1, fdsl.terms.dag_size(g), len(grads)
+    return t1 - t0, t2 - t1, fdsl.core.terms.dag_size(g), len(grads)
 
 
 def main():

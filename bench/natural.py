@@ -32,7 +32,7 @@ CHILD = r"""
 import json, resource, sys, time
 sys.setrecursionlimit(100000)
 import fdsl
-from fdsl.terms import dag_size
+from fdsl.core.terms import dag_size
 p = fdsl.parse(sys.stdin.read())
 t0 = time.process_time()
 w = p.expr("normal(form(E))")

@@ -56,8 +56,8 @@ def build(L, n, d, k, h, target="numpy"):
     """The generated module's namespace for encoder(L) at these sizes (with the loss)."""
     import fdsl
     from fdsl.backends import codegen
-    from fdsl.forms import form
-    from fdsl.train import error_of
+    from fdsl.calculus.forms import form
+    from fdsl.learn.train import error_of
 
     p = fdsl.parse(deep.program_text(L, (n, d, k, h)))
     w = p.apply_rules("backprop", form(p["E"]))
@@ -217,7 +217,7 @@ sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[2])
 import deep, fdsl
 from fdsl.backends import codegen
-from fdsl.forms import form
+from fdsl.calculus.forms import form
 L, n, d, k, h = map(int, sys.argv[3:8])
 p = fdsl.parse(deep.program_text(L, (n, d, k, h)))
 w = p.apply_rules("backprop", form(p["E"]))

@@ -10,7 +10,7 @@ variants share the machine's noise. Variants:
   temp folder at a predictable path (another local user could plant one there; loading a pickle
   runs it).
 - ``user cache``: fdsl now: the tables pickled in a per-user folder (``~/.cache/fdsl``, 0700,
-  checked to be this user's before every use; ``fdsl.parse._cache_file``), warm.
+  checked to be this user's before every use; ``fdsl.lang.parse._cache_file``), warm.
 - ``no cache``: ``FDSL_NO_CACHE=1``: the tables built from the grammar on every start.
 
 Two things are timed per variant: building both parsers (``fdsl.lark`` and ``rules.lark``) after
@@ -34,15 +34,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 BEFORE = """
 from lark import Lark
-from fdsl.parse import _NewlinesInBrackets
-from fdsl.resources import grammar_path
+from fdsl.lang.parse import _NewlinesInBrackets
+from fdsl.base.resources import grammar_path
 for g in ("fdsl.lark", "rules.lark"):
     p = grammar_path(g)
     Lark(p.read_text(), parser="lalr", propagate_positions=True, import_paths=[str(p.parent)],
          postlex=_NewlinesInBrackets(), start="start", maybe_placeholders=False, cache=True)
 """
 NOW = """
-from fdsl.parse import _parser
+from fdsl.lang.parse import _parser
 _parser("fdsl.lark"); _parser("rules.lark")
 """
 

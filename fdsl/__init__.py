@@ -10,18 +10,47 @@ in closed form, as a word one can read, query, draw and evaluate.
     >>> print(p["E"])
     A W
 
-Modules, in pipeline order: ``parse`` (grammar/*.lark), ``program`` (elaboration and shapes),
-``terms`` (hash-consed terms), ``ops`` (the operator table), ``rules``/``rewrite`` (rule files
-and the engine), ``forms`` (the manual's verbs), ``printers``, ``backends`` (numpy, graphviz),
-``cli`` and ``repl``; ``api`` is the Python side (operators on terms, ``d``, ``trace``, ``form``,
-``diagram``).
+The house, floor by floor from the ground (a module imports only its own folder or floors below):
+``base`` (errors, numbers, untrusted inputs, safe files, limits), ``core`` (the operator table,
+hash-consed terms, sharing, printers, reading a normal form), ``rewrite`` (patterns and the
+engine) beside ``calculus`` (the manual's verbs, backprop, the symbolic gradients), ``lang``
+(grammar, rule files, statements, programs), ``backends`` (numpy and torch, generated code,
+Graphviz), ``learn`` (metrics, flows, training), ``verify`` (rules --check, differential checks,
+the fuzzer), and the faces: ``cli``, ``repl``, ``api`` and the composition root ``compose``.
+
+The names below are loaded when first used, so ``import fdsl`` (and ``fdsl --version``) stay light.
 """
 
-from .api import a, aa, d, deps, diagram, form, m, mm, trace
-from .errors import FdslError
-from .program import Program, load, parse
-from .terms import Term
+from .base import assembly as _assembly
+
+__version__ = "0.1.0"
 
 __all__ = ["FdslError", "Program", "Term", "load", "parse", "d", "trace", "form", "m", "a", "mm", "aa",
            "diagram", "deps"]
-__version__ = "0.1.0"
+
+
+def _assemble() -> None:
+    from . import compose
+
+    compose.assemble()
+
+
+_assembly.set_assembler(_assemble)
+
+
+def __getattr__(name: str):
+    """The public names, imported on first use (PEP 562)."""
+    if name == "FdslError":
+        from .base import errors as home
+    elif name == "Term":
+        from .core import terms as home
+    elif name in __all__:
+        from . import api as home
+    else:
+        raise AttributeError("module 'fdsl' has no attribute %r" % name)
+    value = globals()[name] = getattr(home, name)
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -18,10 +18,11 @@ picture      ``diagram(E)`` (also ``E.diagram()``) and ``deps(w, V, W)`` return 
 
 from __future__ import annotations
 
-from . import terms as T
-from .errors import FdslError
-from .functions import as_term
-from .terms import Term, _checked
+from .core import terms as T
+from .base.errors import FdslError
+from .core.functions import as_term
+from .core.terms import Term, _checked
+from .lang.program import Program, load, parse  # noqa: F401  (fdsl.load, fdsl.parse)
 
 
 def _op(name: str, *args) -> Term:
@@ -60,7 +61,7 @@ def aa(x, y) -> Term:
 
 def form(e) -> Term:
     """The pulled-back Euler form ``-trace(E^t d(E))``."""
-    from .forms import form as _form
+    from .calculus.forms import form as _form
 
     e = as_term(e, "E")
     return _checked(_form, e)
@@ -80,7 +81,7 @@ def deps(w, weight, of):
     """The picture of "does the coefficient of d(of) in the normal form w involve weight?"."""
     from .backends import graphviz as gv
     from .backends.depsview import path_view
-    from .forms import coeff, normal_terms
+    from .calculus.forms import coeff, normal_terms
 
     w = as_term(w, "w")
     normal_terms(w)  # an error unless w is a normal form

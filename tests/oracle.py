@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fdsl.backends.numpy_eval import Evaluator, evaluate
-from fdsl.terms import symbols
+from fdsl.core.terms import symbols
 
 
 def rel_error(a, b) -> float:

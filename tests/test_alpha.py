@@ -1,4 +1,4 @@
-"""Renaming (fdsl.alpha): terms equal up to the names of their leaves share one rewrite.
+"""Renaming (fdsl.core.alpha): terms equal up to the names of their leaves share one rewrite.
 
 The oracle is the engine with renaming turned off, run in a fresh interpreter (terms are interned
 process-wide, so a second run in this one would only read the first one's memo): the normal forms
@@ -12,9 +12,9 @@ import textwrap
 import pytest
 
 import fdsl
-from fdsl import alpha
-from fdsl import terms as T
-from fdsl.forms import form
+from fdsl.core import alpha
+from fdsl.core import terms as T
+from fdsl.calculus.forms import form
 from oracle import ENCODER  # examples/encoder2.fd's declarations, layer(i, Z) and encoder(L)
 
 PROGRAMS = {
@@ -28,8 +28,9 @@ PROGRAMS = {
 SCRIPT = textwrap.dedent("""\
     import sys
     import fdsl
-    from fdsl import alpha, printers
-    from fdsl.forms import form
+    from fdsl.core import alpha
+    from fdsl.core import printers
+    from fdsl.calculus.forms import form
     if sys.argv[1] == "off":
         alpha.canonical = lambda root, lets: (root, {})
     p = fdsl.parse(sys.stdin.read())

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl import terms as T
+from fdsl.core import terms as T
 from fdsl.backends.numpy_eval import Evaluator
-from fdsl.forms import coeff, form, weights
+from fdsl.calculus.forms import coeff, form, weights
 
 from oracle import weight_values
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl.errors import FdslError
+from fdsl.base.errors import FdslError
 from fdsl.backends import codegen
 from fdsl.backends.numpy_eval import Evaluator
-from fdsl.forms import coeff, form, weights
+from fdsl.calculus.forms import coeff, form, weights
 
 from oracle import weight_values, central_difference
 
@@ -231,7 +231,7 @@ def test_without_dims_every_size_comes_from_the_values():
 def test_operators_from_rule_files_lower_through_their_templates(tmp_path):
     p = fdsl.load(ROOT / "examples" / "softplus.fd")
     w = p["w"]
-    assert codegen.is_normal_form(w)
+    assert fdsl.core.normal.is_normal_form(w)
     rng = np.random.default_rng(5)
     vals = {"X": rng.standard_normal((5, 4)), "Y": rng.standard_normal((5, 4)),
             "U": rng.standard_normal((4, 3)), "V": rng.standard_normal((3, 4))}

@@ -20,12 +20,12 @@ import networkx as nx
 import pytest
 
 import fdsl
-from fdsl import terms as T
+from fdsl.core import terms as T
 from fdsl.backends import depsview as dv
 from fdsl.backends import graphviz as gv
 from fdsl.backends import termgraph as tg
-from fdsl.errors import FdslError
-from fdsl.terms import dag_size, postorder
+from fdsl.base.errors import FdslError
+from fdsl.core.terms import dag_size, postorder
 
 ROOT = Path(__file__).resolve().parent.parent
 ENCODER2 = ROOT / "examples" / "encoder2.fd"
@@ -545,7 +545,7 @@ def test_deps_pairs_of_encoder2_with_a_named_error(tmp_path):
     # the last translation f_1 enters linearly: its coefficient is made of E and C only
     assert kept[program.expr("f[1]")] == {E}
     # every coefficient reaches E, directly or through the adjoint of encoder_1 (the shared form)
-    assert all(fdsl.forms.depends(fdsl.forms.coeff(program.expr("normal(form(E))"), w), E) for w in kept)
+    assert all(fdsl.calculus.forms.depends(fdsl.calculus.forms.coeff(program.expr("normal(form(E))"), w), E) for w in kept)
     # layer 1 sees layer 0's weights through the intermediate encoder_1 that the graph shares
     assert any(x.op == "let" and x.data == ("encoder", (1,)) for x in kept[program.expr("K[1]")])
     graph = dv.deps_graph(kept)
@@ -612,7 +612,7 @@ def test_path_view_when_the_answer_is_no(deep):
 
 
 def forms_coeff(p, name):
-    return fdsl.forms.coeff(p["w"], p.expr(name))
+    return fdsl.calculus.forms.coeff(p["w"], p.expr(name))
 
 
 @needs_dot
@@ -665,7 +665,7 @@ def test_a_picture_too_big_is_refused_before_layout(deep, monkeypatch):
 def test_slow_steps_say_so(capsys):
     import threading
 
-    from fdsl.progress import slow
+    from fdsl.base.progress import slow
 
     said = threading.Event()
 

@@ -1,5 +1,5 @@
 """Gradients of ordinary models, every way fdsl computes them, against torch autograd and finite
-differences (fdsl.differential): the programs of issue 11, on which the generated code was wrong
+differences (fdsl.verify.differential): the programs of issue 11, on which the generated code was wrong
 (a scalar moved onto a vector of ones and dropped when the product became a row sum), a mean-pooling
 model, a scaled residual and a centring layer, on sizes where each side of a product is the
 smaller one.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from fdsl.differential import check
+from fdsl.verify.differential import check
 
 torch_eval = pytest.importorskip("fdsl.backends.torch_eval")
 
@@ -154,7 +154,7 @@ def test_the_coefficient_of_a_lone_scalar_term_is_a_matrix():
     import numpy as np
 
     from fdsl.backends.numpy_eval import Evaluator
-    from fdsl.program import parse
+    from fdsl.lang.program import parse
 
     program = parse(UNIT + "L = trace(s U) + 3 trace(V)\nw = d(L)\nN = normal(w)\n", "<case>")
     values = {"U": np.arange(9.0).reshape(3, 3), "V": np.ones((3, 3)), "X": np.eye(3)}

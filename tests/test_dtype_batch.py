@@ -12,9 +12,9 @@ import pytest
 import fdsl
 from fdsl.backends import codegen
 from fdsl.cli import main
-from fdsl.errors import FdslError
-from fdsl.forms import form, weights
-from fdsl.train import error_of
+from fdsl.base.errors import FdslError
+from fdsl.calculus.forms import form, weights
+from fdsl.calculus.gradients import error_of
 
 from oracle import max_rel_error, weight_values
 from test_codegen import EXACT, ROOT, errors, interpreted, program, shared

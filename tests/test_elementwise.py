@@ -15,7 +15,7 @@ import pytest
 import fdsl
 from fdsl.backends import numpy_grad
 from fdsl.backends.numpy_eval import Evaluator, evaluate
-from fdsl.forms import weights
+from fdsl.calculus.forms import weights
 
 from oracle import gradient, symbol_values
 
@@ -113,7 +113,7 @@ def test_division_binds_like_hadamard_and_reads_back():
     assert str(p.expr("X W * (X U / X W)")) == "X W * (X U / X W)"
     assert str(p["B"]) == "1 + exp(X W)" and p["C"].op == "mul"
     for name in ("A", "B", "C"):
-        assert p.expr(fdsl.printers.string(p[name])) is p[name]  # string() reads back
+        assert p.expr(fdsl.core.printers.string(p[name])) is p[name]  # string() reads back
 
 
 def test_elementwise_values_are_the_functions_they_name():

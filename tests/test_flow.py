@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import fdsl
-from fdsl.backends.numpy_eval import Values, evaluate
-from fdsl.errors import FdslError
-from fdsl.flow import conjugate_gradients, flows_of
+from fdsl.backends.numpy_eval import evaluate
+from fdsl.backends.values import Values
+from fdsl.base.errors import FdslError
+from fdsl.learn.flow import conjugate_gradients, flows_of
 
 from oracle import ENCODER, central_difference, gradient, kink_margin, rel_error, weight_values
 
@@ -77,7 +78,7 @@ LAYER = ENCODER + "X0 = X\nE := Y - layer(0, X0)\nw = form(E)\n"
 @pytest.fixture(scope="module")
 def layer():
     program = fdsl.parse(LAYER)
-    weights = fdsl.forms.weights(program.apply_rules("normal", program["w"]))
+    weights = fdsl.calculus.forms.weights(program.apply_rules("normal", program["w"]))
     values = weight_values(program, weights, seed=3, inputs=("X", "Y"))
     assert kink_margin(program, program["E"], values) > 1e-2  # finite differences stay on one side of relu
     return program, names_of(weights), values

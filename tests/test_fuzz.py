@@ -1,4 +1,4 @@
-"""The differential fuzzer (fdsl.fuzz): a fixed-seed slice of random programs agrees every way, and
+"""The differential fuzzer (fdsl.verify.fuzz): a fixed-seed slice of random programs agrees every way, and
 the fuzzer can fail: a deliberately broken lowering (a dropped scalar, a dropped sign) is caught
 and shrunk to a small program. ``python bench/fuzz.py --cases 10000`` runs the long version.
 """
@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from fdsl import fuzz  # noqa: E402
+from fdsl.verify import fuzz  # noqa: E402
 from fdsl.backends import codegen  # noqa: E402
-from fdsl.ops import OPS  # noqa: E402
+from fdsl.core.ops import OPS  # noqa: E402
 
 
 def test_a_fixed_slice_of_random_programs_agrees_every_way():

@@ -24,7 +24,7 @@ import pytest
 import fdsl
 from fdsl.backends.numpy_eval import Evaluator
 from fdsl.backends.numpy_grad import coefficients, gradients
-from fdsl.forms import form
+from fdsl.calculus.forms import form
 
 from oracle import ENCODER, gradient
 
@@ -126,7 +126,7 @@ def test_every_weight_against_finite_differences(case):
 
 def test_the_positive_form_is_the_gradient_of_the_loss(case):
     layers, program, e, w, values, fd = case
-    dl = fdsl.terms.make("trace", (fdsl.terms.mul(fdsl.terms.transpose(e), fdsl.terms.d(e)),))
+    dl = fdsl.core.terms.make("trace", (fdsl.core.terms.mul(fdsl.core.terms.transpose(e), fdsl.core.terms.d(e)),))
     agree(gradients(program, dl, values), fd)
 
 
@@ -137,8 +137,8 @@ def test_one_shared_evaluator_computes_each_subterm_once():
     coeffs = coefficients(program, w).values()
     for g in coeffs:
         ev.value(g)
-    shared = {n for g in coeffs for n in fdsl.terms.postorder(g)}
-    one_by_one = sum(fdsl.terms.dag_size(g) for g in coeffs)
+    shared = {n for g in coeffs for n in fdsl.core.terms.postorder(g)}
+    one_by_one = sum(fdsl.core.terms.dag_size(g) for g in coeffs)
     assert ev.evaluations == len(shared) < one_by_one / 2  # the coefficients share most of their work
 
 
@@ -173,7 +173,7 @@ def test_a_form_without_weights_has_no_gradients():
     ("show grad(form(Y - encoder(1)), Q[0])", "has no value"),
 ])
 def test_grad_errors(source, message):
-    with pytest.raises(fdsl.errors.FdslError, match=message):
+    with pytest.raises(fdsl.base.errors.FdslError, match=message):
         fdsl.parse(DECLARATIONS + source)
 
 
@@ -189,7 +189,7 @@ def test_cli_writes_the_12_gradients_of_encoder2(run_fdsl, examples, tmp_path):
     assert sorted(grads.files) == weight_names(2)
     # the values --random 0 drew, read back through fdsl's own seeded generator
     program = fdsl.load(examples / "encoder2.fd")
-    fdsl.backends.numpy_eval.random_values(program, 0)
+    fdsl.backends.values.random_values(program, 0)
     values = {name: np.array(program.values[name]) for name in ["X", "Y"] + weight_names(2)}
     assert safe(program, program.definitions["E"], values)
     fd = gradient(lambda v: hand_loss(v, 2), values, weight_names(2), h=STEP)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-parse = importlib.import_module("fdsl.parse")  # the module; fdsl.parse is also a function
+parse = importlib.import_module("fdsl.lang.parse")  # the module; fdsl.parse is also a function
 
 
 @pytest.fixture

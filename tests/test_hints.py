@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import fdsl
-from fdsl.hints import keyword_hint, syntax_hint
-from fdsl.rules import _one_edit_apart
+from fdsl.lang.hints import keyword_hint, syntax_hint
+from fdsl.lang.rules import _one_edit_apart
 
 DECLS = "dim n, k\nconst X : n x k, Y : n x n\nweight W : k x n\n"
 
@@ -73,13 +73,13 @@ def test_forms_of_a_number_is_forms_of_the_encoder():
     p = fdsl.load("examples/encoder2.fd")
     assert p.expr("forms(2, 4)") is p.expr("forms(encoder(2), 4)")
     assert p.expr("form(2)") is p.expr("form(encoder(2))")
-    assert p.expr("len(forms(1))") == len(fdsl.terms.summands(p.expr("forms(encoder(1))")))
+    assert p.expr("len(forms(1))") == len(fdsl.core.terms.summands(p.expr("forms(encoder(1))")))
 
 
 def test_weights_of_a_form_not_yet_normal_are_those_of_its_normal_form():
     # read off form(E) as written, the only differential is dE, no weight's: weights would be empty
     p = fdsl.load("examples/encoder2.fd")
-    assert p.expr("weights(w)") == p.expr("weights(N)") == fdsl.forms.weights(p["N"])
+    assert p.expr("weights(w)") == p.expr("weights(N)") == fdsl.calculus.forms.weights(p["N"])
     assert len(p.expr("weights(w)")) == 12
 
 

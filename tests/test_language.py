@@ -14,12 +14,12 @@ from fractions import Fraction
 import pytest
 
 import fdsl
-from fdsl import printers
-from fdsl import terms as T
-from fdsl.forms import weights
-from fdsl.functions import as_term, render
-from fdsl.program import Family
-from fdsl.terms import Symbol, dag_size, tree_size
+from fdsl.core import printers
+from fdsl.core import terms as T
+from fdsl.calculus.forms import weights
+from fdsl.core.functions import as_term, render
+from fdsl.lang.program import Family
+from fdsl.core.terms import Symbol, dag_size, tree_size
 
 PROGRAM = """\
 dim n = 8, d = 6, k = 4, h = 5
@@ -341,8 +341,8 @@ def test_show_spellings():
 
 
 def test_command_keywords_match_the_statement_table(repo):
-    """The grammar's COMMAND and METRIC terminals and fdsl.statements.STATEMENTS list the same keywords."""
-    from fdsl.statements import STATEMENTS
+    """The grammar's COMMAND and METRIC terminals and fdsl.lang.statements.STATEMENTS list the same keywords."""
+    from fdsl.lang.statements import STATEMENTS
 
     grammar = (repo / "grammar" / "fdsl.lark").read_text()
     keywords = re.search(r"^COMMAND\.\d+: /\((.*)\)\\b/", grammar, re.M).group(1).split("|")

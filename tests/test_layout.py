@@ -8,9 +8,10 @@ import re
 import pytest
 
 import fdsl
-from fdsl import forms, printers
-from fdsl.functions import render
-from fdsl.layout import WIDTH
+from fdsl.calculus import forms
+from fdsl.core import printers
+from fdsl.core.functions import render
+from fdsl.core.layout import WIDTH
 
 from conftest import EXAMPLES
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl import printers
-from fdsl import terms as T
+from fdsl.core import printers
+from fdsl.core import terms as T
 from fdsl.backends.numpy_eval import evaluate
-from fdsl.forms import coeff, form, weights
+from fdsl.calculus.forms import coeff, form, weights
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (ROOT / "examples" / "encoder2.fd").read_text().split("\nE = ")[0]
@@ -124,6 +124,6 @@ def test_depends_answers_false_when_the_weight_is_absent():
     # the manual's reading: the error E is a known matrix (a constant), the weights are not
     p = fdsl.parse(HEADER + "\nconst E0 : n x d\nw = normal(trace(E0^t d(encoder(2))))\n")
     w = p["w"]
-    assert not fdsl.forms.depends(coeff(w, p.expr("f[1]")), p.expr("Q[0]"))
-    dep = fdsl.forms.depends(coeff(w, p.expr("W[1]")), p.expr("Q[0]"))
+    assert not fdsl.calculus.forms.depends(coeff(w, p.expr("f[1]")), p.expr("Q[0]"))
+    dep = fdsl.calculus.forms.depends(coeff(w, p.expr("W[1]")), p.expr("Q[0]"))
     assert dep and dep.show().startswith("true, via ") and dep.show().endswith("Q_0")

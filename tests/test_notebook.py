@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 
 import fdsl
-from fdsl import terms as T
+from fdsl.core import terms as T
 
 from conftest import EXAMPLES, REPO
 

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl.backends import numpy_eval
-from fdsl.backends.numpy_eval import Evaluator, Numeric, evaluate, evaluate_in, lowering
+from fdsl.backends import values
+from fdsl.backends.numpy_eval import evaluate, lowering
+from fdsl.backends.values import Numeric, evaluate_in
 from fdsl.cli import main
-from fdsl.errors import FdslError
-from fdsl.ops import OPS
-from fdsl.terms import dag_size
+from fdsl.base.errors import FdslError
+from fdsl.core.ops import OPS
+from fdsl.core.terms import dag_size
 
 from oracle import ENCODER, rel_error, symbol_values
 
@@ -83,7 +84,7 @@ def test_encoder2_matches_a_hand_written_forward_pass():
 
 def test_encoder2_with_random_values_matches_the_forward_pass_on_the_same_arrays():
     program = fdsl.load(ENCODER2)
-    numpy_eval.random_values(program, 0)
+    values.random_values(program, 0)
     term = program.call_definition("encoder", 2)
     got = evaluate_in(program, term)
     # the arrays fdsl drew, read back by name, through the independent forward pass
@@ -92,9 +93,9 @@ def test_encoder2_with_random_values_matches_the_forward_pass_on_the_same_arrays
 
 def test_shared_encoder30_computes_each_distinct_node_once():
     program = fdsl.parse(DECLARATIONS)
-    numpy_eval.random_values(program, 1)
+    values.random_values(program, 1)
     term = program.call_definition("encoder", 30)
-    ev = numpy_eval.program_evaluator(program)
+    ev = values.program_evaluator(program)
     got = ev.value(term)
     assert ev.evaluations == dag_size(term)  # 3^30 tree nodes, a few hundred distinct ones
     assert rel_error(got, hand_encoder(symbol_values(program, term), 30)) < 1e-9
@@ -199,7 +200,7 @@ def test_flat_vectors_are_accepted_for_row_and_column_shapes():
 def test_random_values_are_deterministic_per_seed_and_name():
     def draw(seed, names):
         program = fdsl.parse(DECLARATIONS)
-        numpy_eval.random_values(program, seed)
+        values.random_values(program, seed)
         return {name: program.values[name] for name in names}
 
     a = draw(5, ["Q_7", "X", "W_0"])
@@ -213,7 +214,7 @@ def test_random_values_are_deterministic_per_seed_and_name():
 
 def test_random_scales_weights_by_one_over_sqrt_rows_and_leaves_constants_standard():
     program = fdsl.parse("dim r = 400, c = 300\nconst A : r x c\nweight B : r x c\n")
-    numpy_eval.random_values(program, 0)
+    values.random_values(program, 0)
     assert abs(program.values["A"].std() - 1.0) < 0.01
     assert abs(program.values["B"].std() * np.sqrt(400) - 1.0) < 0.01
 
@@ -222,12 +223,12 @@ def test_given_values_win_over_random_ones(tmp_path):
     X = np.full((N, D), 3.0)
     np.savez(tmp_path / "v.npz", X=X)
     program = fdsl.parse(DECLARATIONS)
-    numpy_eval.random_values(program, 0)
-    numpy_eval.load_values(program, tmp_path / "v.npz")
+    values.random_values(program, 0)
+    values.load_values(program, tmp_path / "v.npz")
     assert np.array_equal(evaluate_in(program, program.expr("X")), X)
     # a new seed draws the others afresh and keeps what was given
     q0 = program.values["Q_0"].copy()
-    numpy_eval.random_values(program, 1)
+    values.random_values(program, 1)
     assert not np.array_equal(program.values["Q_0"], q0)
     assert np.array_equal(program.values["X"], X)
 
@@ -337,8 +338,8 @@ def test_save_writes_an_npz_of_the_value(tmp_path, capsys):
 
 def test_save_of_a_dict_of_arrays(tmp_path):
     program = fdsl.parse(DECLARATIONS)
-    numpy_eval.random_values(program, 0)
-    effect = numpy_eval.save_effect(program, tmp_path / "g.npz",
+    values.random_values(program, 0)
+    effect = values.save_effect(program, tmp_path / "g.npz",
                                     {"Q_0": program.expr("Q[0]"), "raw": np.eye(2)})
     effect.perform(open(os.devnull, "w"), program)
     with np.load(tmp_path / "g.npz") as data:

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import fdsl
-from fdsl import terms as T
+from fdsl.core import terms as T
 from fdsl.backends.numpy_eval import Evaluator, NotDifferentiable
-from fdsl.printers import text
+from fdsl.core.printers import text
 
 PROGRAM = fdsl.parse("""\
 dim p = 2, q = 3

@@ -248,8 +248,8 @@ def test_pager_on_pages_long_output(terminal):
 
 def test_manual_session(terminal):
     """The manual's console: z = flatten(expandmm(expandAll(form(encoder(2))))), len(z), one summand."""
-    from fdsl.functions import FUNCTIONS
-    from fdsl.program import Program
+    from fdsl.core.functions import FUNCTIONS
+    from fdsl.lang.program import Program
 
     book = Program().rulebook  # making a Program registers the built-in functions
     if "expandAll" not in FUNCTIONS and not (book is not None and book.has_ruleset("expandAll")):

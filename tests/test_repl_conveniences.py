@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from conftest import REPO
 
@@ -95,7 +94,7 @@ def test_piped_errors_name_their_real_line():
 def test_the_lexer_is_registered_with_pygments():
     from pygments.token import Keyword, Name
 
-    from fdsl.highlight import FdslLexer
+    from fdsl.lang.highlight import FdslLexer
 
     tokens = list(FdslLexer().get_tokens("weight W : n x n\nshow normal(form(E))  # c\n"))
     assert (Keyword, "weight") in tokens and (Keyword, "show") in tokens

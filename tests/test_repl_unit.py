@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fdsl import repl
-from fdsl.functions import FUNCTIONS, Function
+from fdsl.core.functions import FUNCTIONS, Function
 
 ROOT = Path(__file__).resolve().parents[1]
 ENCODER2 = str(ROOT / "examples" / "encoder2.fd")

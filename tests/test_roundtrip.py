@@ -2,7 +2,7 @@
 
 Terms are interned, so "the same term" is identity (``is``). Checked for every definition of
 every example, every subterm of them, encoder(1..3), and for random well-shaped terms built with
-the constructors of ``fdsl.terms`` (a hypothesis property).
+the constructors of ``fdsl.core.terms`` (a hypothesis property).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fdsl
-from fdsl import printers
-from fdsl import terms as T
-from fdsl.functions import as_term
-from fdsl.terms import Term, postorder
+from fdsl.core import printers
+from fdsl.core import terms as T
+from fdsl.core.functions import as_term
+from fdsl.core.terms import Term, postorder
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.fd"))
 
@@ -109,7 +109,7 @@ rationals = st.fractions(min_value=-4, max_value=4, max_denominator=4)
 
 @st.composite
 def terms(draw, shape, depth=3):
-    """A random term of ``shape`` (SCALAR for scalars) built by the constructors of fdsl.terms."""
+    """A random term of ``shape`` (SCALAR for scalars) built by the constructors of fdsl.core.terms."""
     leaf = lambda: draw(st.sampled_from(LEAVES[shape] + [T.zero(shape)] if shape != SCALAR
                                         else LEAVES[SCALAR] + [T.num(draw(rationals))]))
     if depth == 0 or draw(st.integers(0, 3)) == 0:

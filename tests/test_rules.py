@@ -9,9 +9,9 @@ import pytest
 from conftest import _run_fdsl
 
 import fdsl
-from fdsl import terms as T
-from fdsl.patterns import Bag, Num, Op, Seq, Var, Word, match
-from fdsl.rules import RuleBook
+from fdsl.core import terms as T
+from fdsl.rewrite.patterns import Bag, Op, Seq, Var, Word, match
+from fdsl.lang.rules import RuleBook
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD_RULES = sorted((ROOT / "tests" / "bad_rules").glob("*.rules"))

@@ -1,6 +1,6 @@
 """fdsl rules --check: every stdlib rule is sound on random instances, and wrong rules are caught.
 
-The checker's oracle (fdsl.check) evaluates both sides of a rule on random terms of consistent
+The checker's oracle (fdsl.verify.check) evaluates both sides of a rule on random terms of consistent
 shapes, with d(T) evaluated by finite differences along a random tangent (evaluation only, never
 the rules). These tests hold it to both halves of its job: the stdlib and examples/softplus.rules come
 out sound, and planted unsound rules, including near misses of real stdlib rules (the manual's
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl import check as C
+from fdsl.verify import check as C
 
 LINE = re.compile(r"^(sound|UNSOUND|skipped)\s+(\S+)\s+(\S+:\d+)\s+(.*)$")
 
@@ -59,7 +59,7 @@ def test_the_checker_is_exercised_not_vacuous():
                 inst = C.Instance(rule, needs, compound, rng)
             except C.Reject:
                 continue
-            lhs = fdsl.patterns.build(C._named(rule.lhs), inst.bindings)
+            lhs = fdsl.rewrite.patterns.build(C._named(rule.lhs), inst.bindings)
             ev = fdsl.backends.numpy_eval.Evaluator(inst.values, {}, tangent=inst.tangent())
             try:
                 nonzero += bool(np.linalg.norm(ev.value(lhs)) > 1e-6)

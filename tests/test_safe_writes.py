@@ -10,8 +10,8 @@ import stat
 import numpy as np
 import pytest
 
-from fdsl.errors import FdslError
-from fdsl.statements import Print, Write, perform_all
+from fdsl.base.errors import FdslError
+from fdsl.base.files import Print, Write, perform_all
 
 PROGRAM = "dim n = 2\nconst X : n x n\nrandom 0\nsave \"%s\" X\n"
 

@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fdsl
-from fdsl import printers
+from fdsl.core import printers
 from fdsl.backends import torch_eval
-from fdsl import terms as T
+from fdsl.core import terms as T
 from fdsl.backends.numpy_eval import evaluate
 from fdsl.backends.numpy_grad import gradients
-from fdsl.forms import coeff, depends, weights
+from fdsl.calculus.forms import coeff, depends, weights
 
 from oracle import ENCODER, central_difference, kink_margin, random_direction, rel_error, weight_values
 
@@ -143,7 +143,7 @@ def test_printing_the_natural_encoder_64_writes_each_layer_once():
     assert [ln.split(" = ")[0].strip() for ln in lines[2:]] == ["encoder_%d" % i for i in range(1, 64)]
     assert max(len(ln) for ln in lines) < 120
     s = printers.string(p["E"])
-    assert T.dag_size(p["E"]) == T.dag_size(fdsl.functions.as_term(p.expr(s)))  # reads back, transparently
+    assert T.dag_size(p["E"]) == T.dag_size(fdsl.core.functions.as_term(p.expr(s)))  # reads back, transparently
     assert p.expr(s) is p["E"]
 
 

@@ -19,8 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fdsl.backends import codegen  # noqa: E402
-from fdsl.errors import FdslError  # noqa: E402
-from fdsl.train import error_of  # noqa: E402
+from fdsl.base.errors import FdslError  # noqa: E402
+from fdsl.calculus.gradients import error_of  # noqa: E402
 
 from test_codegen import HEADER, import_module, program, shared  # noqa: E402
 
@@ -204,10 +204,10 @@ def test_a_rule_file_operator_runs_on_torch_when_torch_spells_it_alike(tmp_path)
     assert rel(-got["U"], U.grad) <= TIGHT and rel(-got["V"], V.grad) <= TIGHT
 
 
-@pytest.mark.parametrize("fn", sorted(__import__("fdsl.ops", fromlist=["NUMPY_FUNCTIONS"]).NUMPY_FUNCTIONS))
+@pytest.mark.parametrize("fn", sorted(__import__("fdsl.core.ops", fromlist=["NUMPY_FUNCTIONS"]).NUMPY_FUNCTIONS))
 def test_every_numpy_function_of_rule_files_runs_on_torch(fn):
     from fdsl.backends.targets import TARGETS
-    from fdsl.ops import NUMPY_FUNCTIONS
+    from fdsl.core.ops import NUMPY_FUNCTIONS
 
     arity, template = NUMPY_FUNCTIONS[fn]
     code = TARGETS["torch"].template(type("Spec", (), {"numpy": template})(), "user")
@@ -227,12 +227,12 @@ def test_an_operator_torch_cannot_spell_is_an_error(monkeypatch):
     # rule files name numpy functions from a fixed table, all of which the torch runtime has; an
     # operator added in Python with a template outside it is refused by name, not run wrongly
     import fdsl
-    from fdsl import ops
+    from fdsl.core import ops
 
     op = ops.Op("spaced", 1, ops.same_shape_args("spaced"), numpy="np.spacing({0})", user=True, params=("A",))
     monkeypatch.setitem(ops.OPS, "spaced", op)
     p = fdsl.parse("dim n = 3\nconst X : n x n\nweight W : n x n\n")
-    from fdsl import terms as T
+    from fdsl.core import terms as T
 
     term = T.make("spaced", (T.mul(p.symbols["X"], p.symbols["W"]),))
     codegen.generate({"S": term}, p.dims)  # numpy: as written

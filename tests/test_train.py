@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl.errors import FdslError
+from fdsl.base.errors import FdslError
 
 CURVE = re.compile(r"^step\s+(\d+)\s+loss (\S+)$", re.M)
 
@@ -73,7 +73,7 @@ def test_the_update_is_descent_along_the_gradient():
         random 0
         train(w, 8, 1/4, 2)
         """))
-    a0 = fdsl.backends.numpy_eval.Values(program)
+    a0 = fdsl.backends.values.Values(program)
     a0.seed = 0
     start = a0["A"]
     trained = program.values["A"]

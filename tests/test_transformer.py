@@ -40,7 +40,7 @@ def _grads(loss, leaves: dict, names) -> dict:
 
 
 def _weights(p, w) -> list:
-    return [x.data[0].printed() for x in fdsl.forms.weights(numpy_grad.normal_form(p, w))]
+    return [x.data[0].printed() for x in fdsl.calculus.forms.weights(numpy_grad.normal_form(p, w))]
 
 
 # ---- examples/gpt.fd ----------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def test_the_gpt_written_naturally_grows_linearly_and_has_the_same_gradients(gpt
         for depth in (2, 4, 8):
             p = fdsl.parse(text + "L = -trace(Y^t logsoftmax(ln(gpt(%d), gf, bf) U))\nw = -d(L)\nrandom 0\n" % depth,
                            base_dir=ROOT / "examples")
-            sizes[how, depth] = fdsl.terms.dag_size(numpy_grad.normal_form(p, p["w"]))
+            sizes[how, depth] = fdsl.core.terms.dag_size(numpy_grad.normal_form(p, p["w"]))
             if depth == 2:
                 grads[how] = numpy_grad.gradients(p, p["w"])
         assert sizes[how, 8] / sizes[how, 4] < 2.1 and sizes[how, 4] / sizes[how, 2] < 2.1, sizes

@@ -88,7 +88,7 @@ def venv(tmp_path_factory, wheel) -> Path:
 
 
 def test_installed_package_is_the_wheel(venv, tmp_path):
-    proc = _run([venv / "python", "-c", "import fdsl, fdsl.resources as r; print(fdsl.__file__); "
+    proc = _run([venv / "python", "-c", "import fdsl, fdsl.base.resources as r; print(fdsl.__file__); "
                  "print(r.grammar_path('fdsl.lark')); print(r.stdlib_dir())"], cwd=tmp_path, env=_clean_env())
     assert proc.returncode == 0, proc.stderr
     for line in proc.stdout.splitlines():

@@ -28,7 +28,7 @@ Besides products, the lowering knows the operators whose derivatives share work:
 (the softmax S, from the forward sweep when it is there, else computed once per distinct A). Sums
 whose summand is ``C r`` with C a column of ones add the row r by broadcasting, and products with
 a ones vector at an end are row or column sums. Every other operator is lowered through its numpy
-template in the operator table (``fdsl.ops.OPS[op].numpy``, placeholders as in
+template in the operator table (``fdsl.core.ops.OPS[op].numpy``, placeholders as in
 ``numpy_eval._compile``), so an operator declared by a rule file works here too.
 
 The generated module imports only numpy and carries the runtime helpers' source
@@ -48,69 +48,19 @@ import builtins
 import keyword
 import re
 from fractions import Fraction
-from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
 
 
 from .targets import DTYPES, TARGETS
-from .. import forms
-from .. import terms as T
-from ..cli import FILE_HELP, subcommand
-from ..errors import FdslError
-from ..ops import OPS
-from ..printers import text
-from ..statements import atomic_write
-from ..terms import Term, postorder
+from ..core import terms as T
+from ..base.errors import FdslError
+from ..core.ops import OPS
+from ..core.printers import short
+from ..calculus.gradients import gradient_terms  # noqa: F401  (codegen.gradient_terms: what it computes)
+from ..core.terms import Term, postorder
 
 #: size assumed for a dim without one when choosing the order of products
 _GUESSED_SIZE = 64
-
-
-# ---- what to compute: the gradients of a normal form --------------------------------------------
-
-
-def is_normal_form(w: Term) -> bool:
-    """Whether ``w`` is ``sum_W trace(G_W d(W))`` with every W a weight (lets allowed in the G_W)."""
-    try:
-        pairs = forms.normal_terms(w)
-    except FdslError:
-        return False
-    return all(_is_weight(x) for x, _ in pairs)
-
-
-def _is_weight(x: Term) -> bool:
-    return x.op == "sym" and x.data[0].kind == "weight"
-
-
-def gradient_terms(w: Term) -> dict:
-    """Printed weight name -> ``G_W^t`` (the gradient, by the duality contract), in weight order."""
-    coefficients: dict = {}
-    for x, g in forms.normal_terms(w):
-        if not _is_weight(x):
-            raise FdslError("not a normal form of weights: d(%s) is not the differential of a weight"
-                            % _short(x))
-        coefficients.setdefault(x, []).append(g)
-    ordered = sorted(coefficients, key=lambda x: (x.data[0].name, x.data[0].index))
-    return {x.data[0].printed(): _dual(x, T.add(*coefficients[x])) for x in ordered}
-
-
-def _dual(x: Term, g: Term) -> Term:
-    """``G^t``, shaped like the weight x: a scalar coefficient c of a square weight (trace(c dW))
-    stands for c I, whose dual is c I, not a matrix filled with c."""
-    if g.scalar and x.shape != (1, 1):
-        return T.mul(g, T.eye(x.shape[0]))
-    return T.transpose(g)
-
-
-def _short(t: Term, n: int = 80) -> str:
-    """``t`` printed (lets by name), cut to ``n`` characters; a huge term by its head only."""
-    size = 0
-    for _ in postorder(t, descend=lambda x: x is t or x.op != "let"):
-        size += 1
-        if size > 200:
-            return "%s(...)" % t.op
-    s = text(t)
-    return s if len(s) <= n else s[: n - 3] + "..."
 
 
 def nodes(roots) -> list:
@@ -522,7 +472,7 @@ class Lowering:
             return self._constant("ones", b.data, "ones")
         if op == "d":
             raise FdslError("cannot generate code for %s: a differential has no numeric value; generate "
-                            "the coefficients of a normal form instead" % _short(b))
+                            "the coefficients of a normal form instead" % short(b))
         if b.scalar:
             return self._scalar_op(b)
         if op == "mul":
@@ -576,7 +526,7 @@ class Lowering:
         template = self.target.template(spec, b.op) if spec is not None else None
         if template is None:
             raise FdslError("operator %s has no %s implementation, so code cannot be generated for %s%s"
-                            % (b.op, self.target.name, _short(b), "" if self.target.name == "numpy" else
+                            % (b.op, self.target.name, short(b), "" if self.target.name == "numpy" else
                                " (its numpy template uses functions torch does not spell the same way)"))
         exprs = [a.expr() for a in args]
         data = repr(float(b.data)) if isinstance(b.data, Fraction) else repr(b.data)
@@ -893,7 +843,7 @@ class Lowering:
         for base, name in self.let_names.items():
             ref = self.refs.get(base)
             if ref is not None and not ref.scalar:
-                self._comments.setdefault(ref.var, "%s := %s" % (name, _short(base, 110)))
+                self._comments.setdefault(ref.var, "%s := %s" % (name, short(base, 110)))
         target = self.target
         out = [docstring_literal(docstring), ""] + list(target.imports) + ["", ""]
         out.append("# ---- runtime helpers (fdsl.backends.%s_runtime) " % target.name + "-" * (46 - len(target.name)))
@@ -1151,63 +1101,3 @@ def _checked(generated, source):
 
     grads.source, grads.generated = source, generated
     return grads
-
-
-# ---- fdsl codegen FILE --form NAME -o grads.py ---------------------------------------------------
-
-
-def normal_form_of(program, value, name: str) -> Term:
-    """The value of ``--form NAME`` as a normal form: as it is when it already is one, else through
-    the strategy ``backprop`` (the shared normal form: generated code stays linear in depth)."""
-    if not isinstance(value, Term) or not value.scalar or not value.has_d:
-        raise FdslError("%s is not a scalar 1-form (write e.g. w = form(E) in the file)" % name, file="--form")
-    if is_normal_form(value):
-        return value
-    return program.apply_rules("backprop", value)
-
-
-def _cmd_codegen(args) -> int:
-    from ..cli import set_limits
-    from ..program import load
-    from ..statements import target_of
-    from ..train import error_of
-    from .numpy_grad import form_named
-
-    target_of(args.output)  # a path that cannot be written fails before the work
-    program = load(args.file, rules=args.rules or (), setup=lambda p: set_limits(p, args))
-    name = args.form
-    w = normal_form_of(program, form_named(program, name), name)
-    if not forms.normal_terms(w):
-        raise FdslError("%s is 0: it has no gradients to generate code for" % name, file="--form")
-    origin = "form %s of %s" % (name, args.file)
-    error = error_of(form_named(program, name))
-    source = gradients_source(w, program.dims, origin, args.target, args.dtype, error)
-    out = Path(args.output)
-    atomic_write(out, lambda tmp: tmp.write_text(source))
-    count = len(gradient_terms(w))
-    made = "grads(values)" + (", grads_and_loss(values)" if error is not None else "")
-    if args.target == "torch" and error is not None:
-        made += ", loss(values), FdslLoss and Model"
-    print("wrote %s: %s for %d weight%s" % (out, made, count, "" if count == 1 else "s"))
-    if args.target == "torch" and error is None:
-        print("note: %s is not form(E) of a term E, so the module has no loss, FdslLoss or Model "
-              "(give --form 'form(E)')" % name)
-    return 0
-
-
-@subcommand
-def _register(sub):
-    p = sub.add_parser("codegen", help="write a standalone numpy (or torch) module computing every gradient of a 1-form")
-    p.add_argument("file", help=FILE_HELP)
-    p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) or an "
-                   "expression; normalised with backprop unless it already is a normal form")
-    p.add_argument("-o", "--output", required=True, metavar="grads.py", help="where to write the module")
-    p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
-    p.add_argument("--target", choices=sorted(TARGETS), default="numpy", help="the library the module computes "
-                   "with (default numpy; torch: plain torch functions, an autograd Function and a Module)")
-    p.add_argument("--dtype", choices=DTYPES, help="compute in this dtype whatever the inputs' (default: the "
-                   "inputs' dtype, float32 when every input is float32, else float64)")
-    from ..cli import add_limit_options
-
-    add_limit_options(p)
-    p.set_defaults(func=_cmd_codegen)

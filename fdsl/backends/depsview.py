@@ -28,27 +28,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import networkx as nx
 
-from .. import forms
-from ..errors import FdslError
-from ..functions import as_term, describe
-from ..printers import text
-from ..terms import Term, postorder
+from ..calculus import forms
+from ..base.errors import FdslError
+from ..core.functions import as_term, describe
+from ..core.printers import text
+from ..core.terms import Term, postorder
 from .termgraph import LET_FILL, PALETTE, TEXT, layer_colour, let_name, networkx, plural, repeats
 
 PATH_RED = "#c0392b"
 OTHER_GREY = "#9a9a9a"
 DEFINITION_CHARS = 44  # how much of a named intermediate's definition its box shows
-
-
-def normal_form(program, value) -> Term:
-    """``value`` if it is already a normal form over weights, else its shared normal form."""
-    w = as_term(value, "the form")
-    try:
-        if all(x.op == "sym" for x, _ in forms.normal_terms(w)) and w.has_d:
-            return w
-    except FdslError:
-        pass
-    return program.apply_rules("backprop", w)
 
 
 # ---- the named graph and the path view ----------------------------------------------------------
@@ -257,7 +246,7 @@ def deps_pairs(program, form, keep_lets: bool = False) -> dict:
     """For a 1-form: each weight W whose differential it has -> the weights in the coefficient of
     dW. Named intermediates are looked through, as ``depends`` does, unless ``keep_lets``: then they
     count as known matrices, like the manual's error E, and are themselves among the inputs."""
-    normal = normal_form(program, form)
+    normal = program.normal_form(as_term(form, "the form"))
     descend = (lambda n: n.op != "let") if keep_lets else None
     pairs = {}
     for w in forms.weights(normal):

@@ -3,7 +3,7 @@
 Vocabulary
 ----------
 1-form       a scalar term linear in differentials, ``form(E)`` or ``trace(E^t d(E))``.
-normal form  ``w = sum_W trace(G_W d(W))`` (``fdsl.forms``); a 1-form not in it is first brought
+normal form  ``w = sum_W trace(G_W d(W))`` (``fdsl.calculus.forms``); a 1-form not in it is first brought
              there with the stdlib strategy ``normal`` (a form already normal is used as it is:
              normalising again would multiply its coefficients out a second time).
 gradient     ``grad(w, W) = G_W^t``, the dual of the form under the Euclidean (Frobenius) metric:
@@ -14,7 +14,7 @@ gradients    all of them at once, keyed by printed weight name (``Q_0``, ``K_1``
              ``gradients(program, w)`` is the one function the CLI, ``grad(w)``, ``save`` and the
              repl go through, and training runs the same generated code: the normal form lowered
              by ``fdsl.backends.codegen`` (one forward and one backward sweep, each shared subterm
-             once), which ``fdsl.differential`` holds against torch and finite differences.
+             once), which ``fdsl.verify.differential`` holds against torch and finite differences.
 
 The gradients are computed from the symbolic normal form, never by numerical differentiation;
 tests/test_grad.py holds them against finite differences of the loss.
@@ -22,21 +22,19 @@ tests/test_grad.py holds them against finite differences of the loss.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Mapping, Optional
 
 import numpy as np
 
 from . import numpy_eval
-from .. import forms
-from .. import terms as T
-from ..cli import FILE_HELP, add_limit_options, set_limits, subcommand
-from ..errors import FdslError
-from ..functions import as_term, describe, function
-from ..printers import text
-from ..statements import Write, target_of
-from ..terms import Term, postorder
-from .numpy_eval import Numeric, program_evaluator, program_values
+from ..core import terms as T
+from ..base.errors import FdslError
+from ..core.functions import as_term, describe, function
+from ..core.printers import short
+from ..calculus import gradients as gradients_of
+from ..core import normal
+from ..core.terms import Term, postorder
+from .values import Numeric, program_evaluator, program_values
 
 
 # ---- normal forms and coefficients ---------------------------------------------------------------
@@ -57,29 +55,11 @@ def check_one_form(w, what: str = "the form") -> Term:
     return w
 
 
-def _pairs(w: Term):
-    """The (differentiated term, coefficient) pairs of a normal form, or None if ``w`` is not one."""
-    try:
-        return forms.normal_terms(w)
-    except FdslError:
-        return None
-
-
-def _is_weight(x: Term) -> bool:
-    return x.op == "sym" and x.data[0].kind == "weight"
-
-
 def normal_form(program, w, what: str = "the form") -> Term:
     """``w`` in normal form: as it is if it already is one (every summand trace(G d(W)) with W a
     weight), else through the strategy ``backprop`` (the shared normal form: the same numbers as
     ``normal``, linear in depth)."""
-    w = check_one_form(w, what)
-    if T.is_zero(w):
-        return w
-    pairs = _pairs(w)
-    if pairs is not None and all(_is_weight(x) for x, _ in pairs):
-        return w
-    return program.apply_rules("backprop", w)
+    return program.normal_form(check_one_form(w, what))
 
 
 def coefficients(program, w, what: str = "the form") -> dict:
@@ -88,18 +68,10 @@ def coefficients(program, w, what: str = "the form") -> dict:
     w = normal_form(program, w, what)
     if T.is_zero(w):
         return {}
-    pairs = _pairs(w)
-    if pairs is None:
+    if normal.pairs(w) is None:
         raise FdslError("%s did not reach a normal form sum_W trace(G_W d(W)); the strategy normal "
-                        "left %s" % (what, _short(w)))
-    out: dict = {}
-    for x, g in pairs:
-        if not _is_weight(x):
-            raise FdslError("%s has a differential d(%s) of something that is not a weight, so it "
-                            "has no gradient there" % (what, _short(x)))
-        out.setdefault(x, []).append(g)
-    ordered = sorted(out, key=lambda x: (x.data[0].name, x.data[0].index))
-    return {x: T.add(*out[x]) for x in ordered}
+                        "left %s" % (what, short(w)))
+    return gradients_of.coefficients(w, what)
 
 
 def gradients(program, w, values: Optional[Mapping] = None, what: str = "the form") -> dict:
@@ -144,10 +116,6 @@ def symbol_leaves(terms) -> dict:
     return out
 
 
-def _short(t: Term, n: int = 100) -> str:
-    s = text(t) if T.dag_size(t) < 200 else "%s(...)" % t.op
-    return s if len(s) <= n else s[: n - 3] + "..."
-
 
 # ---- the language: grad(w, W) and grad(w) ----------------------------------------------------------
 
@@ -175,7 +143,7 @@ def _grad(program, w, weight=None):
         return Gradients(gradients(program, w, what="the first argument of grad"))
     x = as_term(weight, "the second argument of grad")
     if x.op != "sym" or x.data[0].kind != "weight":
-        raise FdslError("the second argument of grad must be a weight, not %s" % _short(x))
+        raise FdslError("the second argument of grad must be a weight, not %s" % short(x))
     grads = gradients(program, w, what="the first argument of grad")  # one sweep, the same numbers
     g = grads.get(x.data[0].printed())
     if g is None:  # the form does not involve W: its gradient there is zero
@@ -183,28 +151,6 @@ def _grad(program, w, weight=None):
     return Numeric(np.reshape(g, (1, 1)) if np.ndim(g) == 0 else g, x)
 
 
-# ---- fdsl grad FILE --form NAME (--values IN.npz | --random SEED) --out OUT.npz --------------------
-
-
-def load_with_values(args):
-    """Load ``args.file`` with ``--values``/``--random`` (and ``--rules``) applied first, as ``fdsl run``
-    does; an error if neither gives values."""
-    from ..program import load
-
-    if args.values is None and args.random is None:
-        raise FdslError("give the values of the symbols: --values IN.npz or --random SEED")
-
-    def setup(program):
-        set_limits(program, args)
-        program.options["train"] = False  # train(...) calls in the file wait: this command decides
-        if args.values:
-            numpy_eval.load_values(program, args.values)
-        if args.random is not None:
-            numpy_eval.random_values(program, args.random)
-
-    program = load(args.file, rules=args.rules or (), setup=setup)
-    numpy_eval.check_values(program)
-    return program
 
 
 def form_named(program, name: str) -> Term:
@@ -236,40 +182,3 @@ def check_given(program, terms, source: Optional[str]) -> None:
         raise FdslError("--values may omit nothing the form needs: %s %s no value (the file gives %s)"
                         % (", ".join(missing), "has" if len(missing) == 1 else "have",
                            ", ".join(sorted(given)) or "nothing"), file=source)
-
-
-def _cmd_grad(args) -> int:
-    target_of(args.out)  # a path that cannot be written fails before the work
-    program = load_with_values(args)
-    w = form_named(program, args.form)
-    coeffs = coefficients(program, w, args.form)
-    check_given(program, coeffs.values(), args.values)
-    grads = gradients(program, normal_form(program, w, args.form), what=args.form)
-    out = Path(args.out)
-
-    def write(tmp: Path):
-        with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a bare name
-            np.savez(f, **grads)
-
-    Write(out, write).perform(None, program)
-    print("wrote %s: %d gradient%s (%s)" % (out, len(grads), "" if len(grads) == 1 else "s", ", ".join(grads)))
-    return 0
-
-
-def add_value_options(p) -> None:
-    given = p.add_mutually_exclusive_group(required=True)
-    given.add_argument("--values", metavar="IN.npz", help="the values of the symbols (arrays keyed X, Q_0, ...)")
-    given.add_argument("--random", type=int, metavar="SEED", help="random values for every symbol instead")
-    p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
-    add_limit_options(p)
-
-
-@subcommand
-def _register(sub):
-    p = sub.add_parser("grad", help="write the gradient of a 1-form for every weight to an .npz file")
-    p.add_argument("file", help=FILE_HELP)
-    p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) "
-                   "or an expression; grad(form(E), W) = -dL/dW for L = 1/2 ||E||^2")
-    p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write one array per weight")
-    add_value_options(p)
-    p.set_defaults(func=_cmd_grad)

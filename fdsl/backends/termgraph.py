@@ -3,7 +3,7 @@
 Vocabulary
 ----------
 term graph   the networkx ``DiGraph`` of a term (``term_graph``): one node per distinct subterm of
-             the shared term graph of ``fdsl.terms`` (never its tree expansion), an edge from each
+             the shared term graph of ``fdsl.core.terms`` (never its tree expansion), an edge from each
              operator to each of its arguments. A subterm used in several places is one node with
              several incoming edges; ``encoder(2)``'s 37 nodes stand for a tree of 89.
 box          a named intermediate (a ``let``: ``X_5``, ``G_6``, ``E``) drawn as one node, its
@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     import networkx as nx
 
-from ..errors import FdslError
-from ..functions import as_term, describe
-from ..ops import OPS
-from ..printers import Style
-from ..terms import Term, factors, postorder, tree_size
+from ..base.errors import FdslError
+from ..core.functions import as_term, describe
+from ..core.ops import OPS
+from ..core.printers import Style
+from ..core.terms import Term, factors, postorder, tree_size
 
 # Light fills (ColorBrewer Set3 without its grey, which marks constants): black text stays legible.
 PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",

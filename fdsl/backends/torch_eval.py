@@ -11,7 +11,7 @@ builtin     ``sym``, ``num``, ``zero``, ``eye``, ``add``, ``mul``, ``had``, ``t`
             ``aa(A, B) = S o (B - rowsum(S o B) 1^t)`` and ``let`` (its body).
 user op     an operator a rule file declared (``operator tanh(A) numpy tanh``, or by a value
             ``= B - tanh(A) * tanh(A) * B``): its numpy template (fdsl's own text, composed from the
-            fixed table ``fdsl.ops.NUMPY_FUNCTIONS`` and the built-in templates) is run with ``np``
+            fixed table ``fdsl.core.ops.NUMPY_FUNCTIONS`` and the built-in templates) is run with ``np``
             and the runtime helpers standing for torch (``np.tanh`` is ``torch.tanh``); a template
             torch cannot run is an ``FdslError`` naming the operator, never a wrong number.
 values      arrays by printed symbol name, as for ``fdsl.backends.numpy_eval``; ``weights`` lists
@@ -26,9 +26,9 @@ import importlib.util
 from fractions import Fraction
 from typing import Mapping
 
-from ..errors import FdslError
-from ..ops import OPS
-from ..terms import Term, postorder
+from ..base.errors import FdslError
+from ..core.ops import OPS
+from ..core.terms import Term, postorder
 
 
 def available() -> bool:
@@ -43,7 +43,7 @@ def _torch():
 
 
 class _NumpyInTorch:
-    """The numpy that operator templates call (``fdsl.ops.NUMPY_FUNCTIONS`` and the built-in
+    """The numpy that operator templates call (``fdsl.core.ops.NUMPY_FUNCTIONS`` and the built-in
     templates), in torch: ``np.tanh`` is ``torch.tanh``, numbers become float64 tensors."""
 
     def __init__(self, torch):

@@ -205,7 +205,7 @@ def _dlogsoftmax(A, B):
 
 
 class _np:
-    """The numpy functions that fdsl's operator templates name (``fdsl.ops.NUMPY_FUNCTIONS``, the
+    """The numpy functions that fdsl's operator templates name (``fdsl.core.ops.NUMPY_FUNCTIONS``, the
     trace and relu), in torch: a rule file's operator runs on tensors unchanged."""
 
     tanh, sinh, cosh, exp, expm1 = torch.tanh, torch.sinh, torch.cosh, torch.exp, torch.expm1

@@ -1,0 +1,22 @@
+"""The default limits of the house, in one place: where a rewrite, a picture or a run stops with a
+reason instead of running on. Each has a command-line flag to change it; the command line reads
+them from here without importing the machinery they limit.
+
+step limit   rewrite steps of one ruleset before it is declared non-terminating
+size limit   term cells one rewrite may build before it is declared growing without end
+max nodes    boxes of a diagram, refused before any layout
+max edges    edges of a diagram, likewise
+"""
+
+DEFAULT_STEP_LIMIT = 2_000_000
+# The size limit counts term cells: each new node with its operands (a flat sum of a million
+# summands is a million cells; interned terms live as long as the process, so cells are memory, about
+# 10 bytes each). One rewrite may build this many; one step alone a fiftieth of it, so a rule that
+# doubles its term (m(?A) => m(?A + ?A)) stops within a second or two instead of filling memory.
+# The fully expanded normal form of a four-layer encoder builds about 24 million.
+DEFAULT_SIZE_LIMIT = 50_000_000
+
+# dot lays out 300 nodes and 600 edges of a term graph in a few seconds; the depth-8 normal form
+# that took it 276 s had 405 nodes and many times more edges. A picture past these is unreadable.
+DEFAULT_MAX_NODES = 300
+DEFAULT_MAX_EDGES = 600

@@ -1,0 +1,7 @@
+"""``python -m fdsl.cli``: the ``fdsl`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

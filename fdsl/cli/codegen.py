@@ -1,0 +1,66 @@
+"""``fdsl codegen FILE --form w -o grads.py``: a standalone numpy or torch module computing every
+gradient of a 1-form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..base.errors import FdslError
+from ..core.terms import Term
+from .common import FILE_HELP, add_limit_options, set_limits
+
+def _cmd_codegen(args) -> int:
+    from ..backends.codegen import gradient_terms, gradients_source
+    from ..base.files import atomic_write
+    from ..calculus import forms
+
+    from ..lang.program import load
+    from ..base.files import target_of
+    from ..calculus.gradients import error_of
+    from ..backends.numpy_grad import form_named
+
+    target_of(args.output)  # a path that cannot be written fails before the work
+    program = load(args.file, rules=args.rules or (), setup=lambda p: set_limits(p, args))
+    name = args.form
+    w = normal_form_of(program, form_named(program, name), name)
+    if not forms.normal_terms(w):
+        raise FdslError("%s is 0: it has no gradients to generate code for" % name, file="--form")
+    origin = "form %s of %s" % (name, args.file)
+    error = error_of(form_named(program, name))
+    source = gradients_source(w, program.dims, origin, args.target, args.dtype, error)
+    out = Path(args.output)
+    atomic_write(out, lambda tmp: tmp.write_text(source))
+    count = len(gradient_terms(w))
+    made = "grads(values)" + (", grads_and_loss(values)" if error is not None else "")
+    if args.target == "torch" and error is not None:
+        made += ", loss(values), FdslLoss and Model"
+    print("wrote %s: %s for %d weight%s" % (out, made, count, "" if count == 1 else "s"))
+    if args.target == "torch" and error is None:
+        print("note: %s is not form(E) of a term E, so the module has no loss, FdslLoss or Model "
+              "(give --form 'form(E)')" % name)
+    return 0
+
+
+def normal_form_of(program, value, name: str) -> Term:
+    """The value of ``--form NAME`` as a normal form: as it is when it already is one, else through
+    the strategy ``backprop`` (the shared normal form: generated code stays linear in depth)."""
+    if not isinstance(value, Term) or not value.scalar or not value.has_d:
+        raise FdslError("%s is not a scalar 1-form (write e.g. w = form(E) in the file)" % name, file="--form")
+    return program.normal_form(value)
+
+
+def register(sub):
+    from ..backends.targets import DTYPES, TARGETS
+
+    p = sub.add_parser("codegen", help="write a standalone numpy (or torch) module computing every gradient of a 1-form")
+    p.add_argument("file", help=FILE_HELP)
+    p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) or an "
+                   "expression; normalised with backprop unless it already is a normal form")
+    p.add_argument("-o", "--output", required=True, metavar="grads.py", help="where to write the module")
+    p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    p.add_argument("--target", choices=sorted(TARGETS), default="numpy", help="the library the module computes "
+                   "with (default numpy; torch: plain torch functions, an autograd Function and a Module)")
+    p.add_argument("--dtype", choices=DTYPES, help="compute in this dtype whatever the inputs' (default: the "
+                   "inputs' dtype, float32 when every input is float32, else float64)")
+    add_limit_options(p)
+    p.set_defaults(func=_cmd_codegen)

@@ -1,0 +1,40 @@
+"""``fdsl grad FILE --form w (--values IN.npz | --random SEED) --out OUT.npz``: the gradient of a
+1-form for every weight, written to an .npz file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .common import FILE_HELP, add_value_options, load_with_values
+
+def _cmd_grad(args) -> int:
+    import numpy as np
+    
+    from ..backends.numpy_grad import check_given, coefficients, form_named, gradients, normal_form
+    from ..base.files import Write, target_of
+
+    target_of(args.out)  # a path that cannot be written fails before the work
+    program = load_with_values(args)
+    w = form_named(program, args.form)
+    coeffs = coefficients(program, w, args.form)
+    check_given(program, coeffs.values(), args.values)
+    grads = gradients(program, normal_form(program, w, args.form), what=args.form)
+    out = Path(args.out)
+
+    def write(tmp: Path):
+        with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a bare name
+            np.savez(f, **grads)
+
+    Write(out, write).perform(None, program)
+    print("wrote %s: %d gradient%s (%s)" % (out, len(grads), "" if len(grads) == 1 else "s", ", ".join(grads)))
+    return 0
+
+
+def register(sub):
+    p = sub.add_parser("grad", help="write the gradient of a 1-form for every weight to an .npz file")
+    p.add_argument("file", help=FILE_HELP)
+    p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) "
+                   "or an expression; grad(form(E), W) = -dL/dW for L = 1/2 ||E||^2")
+    p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write one array per weight")
+    add_value_options(p)
+    p.set_defaults(func=_cmd_grad)

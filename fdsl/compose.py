@@ -1,0 +1,16 @@
+"""The composition root: the one place that imports every module adding a function or a statement
+to the language. Nothing else loads modules by name; the floors below never import upwards
+(``fdsl.base.assembly`` says how ``Program`` reaches this module without importing it).
+
+Each import below fills a table of a lower floor as it runs (``@function``, ``@statement``).
+"""
+
+from __future__ import annotations
+
+
+def assemble() -> None:
+    """The whole language: the verbs, the numbers, the pictures, the metrics and training."""
+    from .backends import graphviz, numpy_eval, numpy_grad, values  # noqa: F401
+    from .calculus import forms  # noqa: F401
+    from .lang import statements  # noqa: F401
+    from .learn import flow, metrics, train, watch  # noqa: F401

@@ -1,0 +1,97 @@
+"""Hints for the notations people bring from elsewhere: what to write in fdsl instead.
+
+Vocabulary
+----------
+hint      a short sentence added to an error message when the mistake looks like a habit from
+          numpy, MATLAB, PyTorch or LaTeX (``X^T``, ``X'``, ``X.T``, ``X @ Q``, ``softmax(X)``)
+          or a misspelt keyword (``weigth``): it says what fdsl spells that way. A hint never
+          changes what a program means; it only makes an error say what to write.
+
+The parser (``fdsl.lang.parse``) asks ``syntax_hint`` about each syntax error, and the elaborator
+(``fdsl.lang.program``) asks ``function_hint`` and ``keyword_hint`` about unknown names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Optional
+
+# Functions under the names other tools give them -> what fdsl writes.
+FUNCTION_ALIASES = {
+    "softmax": "a(X) is the row-wise softmax",
+    "relu": "m(X) is relu",
+    "ReLU": "m(X) is relu",
+    "tr": "trace(A) is the trace",
+    "Tr": "trace(A) is the trace",
+    "transpose": "X^t is the transpose of X",
+    "matmul": "a product is written by juxtaposition: A B",
+    "dot": "a product is written by juxtaposition: A B",
+    "mul": "a product is written by juxtaposition: A B (A * B is the componentwise product)",
+    "hadamard": "A * B is the componentwise (Hadamard) product",
+    "multiply": "A * B is the componentwise (Hadamard) product",
+    "diff": "d(X) is the differential",
+    "identity": "eye(n) is the identity of dim n",
+    "sum": "a sum is written with +",
+    "T": "X^t is the transpose of X",
+}
+
+# The words that start a statement: declarations and commands.
+KEYWORDS = ("dim", "const", "scalar", "weight", "show", "rules", "values", "random", "save")
+
+_TRANSPOSE = "transpose is written ^t (a lower-case t): X^t"
+
+
+def function_hint(name: str) -> Optional[str]:
+    """What to write for a function known under another name (``softmax`` -> ``a``)."""
+    return FUNCTION_ALIASES.get(name)
+
+
+def keyword_hint(word: str) -> Optional[str]:
+    """The keyword that ``word`` is a misspelling of (``weigth`` -> ``weight``), or None."""
+    if word in KEYWORDS:
+        return None
+    close = difflib.get_close_matches(word.lower(), KEYWORDS, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def syntax_hint(text: str, line: int, col: int, keywords: bool = True):
+    """``(hint, column, whole)`` for the syntax error at ``line``:``col`` (1-based) of ``text``:
+    the column is where the caret belongs (a misspelt keyword, not the token after it), and
+    ``whole`` says the hint is the whole message rather than an addition to it; or None.
+    ``keywords``: look for a misspelt statement keyword (programs; rule files have their own)."""
+    lines = text.splitlines()
+    if not 0 < line <= len(lines):
+        return None
+    hint = _hint_at(lines[line - 1], col)
+    if hint is None:
+        return _keyword_at(lines[line - 1], col) if keywords else None
+    return hint, col, False
+
+
+def _hint_at(src: str, col: int) -> Optional[str]:
+    at = src[col - 1:] if col > 0 else ""
+    before = src[:col - 1].rstrip() if col > 0 else ""
+    if at.startswith("@"):
+        return "a matrix product is written by juxtaposition: A B, not A @ B"
+    if at.startswith("'") and before and (before[-1].isalnum() or before[-1] in ")]_"):
+        return "X' is not fdsl: " + _TRANSPOSE
+    if re.match(r"\.[Tt]\b", at) and before and (before[-1].isalnum() or before[-1] in ")]_"):
+        return "X.T is not fdsl: " + _TRANSPOSE
+    if re.match(r"T\b", at) and before.endswith("^"):
+        return _TRANSPOSE
+    if at.startswith("*") and before.endswith("*"):
+        return "a power is written ^: s^2, k^(-1/2)"
+    return None
+
+
+def _keyword_at(src: str, col: int):
+    """A statement that starts with a misspelt keyword (``weigth U : d x d``) fails later on
+    the line; the hint names the keyword and the caret goes to the misspelling."""
+    first = re.match(r"(\s*)([A-Za-z][A-Za-z0-9_]*)\s+[A-Za-z]", src)
+    if first and first.end(2) < col:
+        keyword = keyword_hint(first.group(2))
+        if keyword is not None:
+            return ("%r is not a keyword; did you mean %r?" % (first.group(2), keyword),
+                    first.start(2) + 1, True)
+    return None

@@ -1,0 +1,276 @@
+"""Training with the symbolic gradients: plain gradient descent along the dual of a 1-form.
+
+Vocabulary
+----------
+flow     ``W <- W + lr grad(w, W)`` for every weight W of the 1-form w (``grad`` as in
+         ``fdsl.backends.numpy_grad``: the dual of w under the Euclidean metric). For
+         ``w = form(E) = -dL``, ``L = 1/2 ||E||^2``, ``grad(w, W) = -dL/dW``: the flow is gradient
+         descent on L, the manual's negative Euler flow pulled back to the weights.
+loss     ``L = 1/2 ||E||^2`` when w is ``form(E)`` (recognised as the term ``-trace(E^t d(E))``); for
+         any other 1-form the size of its gradient, ``|grad| = sqrt(sum_W ||grad(w, W)||^2)``.
+step     one call of the generated code of the normal form (computed and lowered once, before
+         the first step; the same code as ``grad(w)`` and ``fdsl grad``) and one evaluation of E
+         for the loss, then the update of every weight.
+
+Two surfaces: ``train(w, steps, lr, every?)`` in a program (``fdsl run examples/train.fd``), which
+trains the program's own values, so later ``eval``/``save``/``grad`` see the trained weights; and
+``fdsl train FILE --form NAME --steps N --lr LR (--random SEED | --values F.npz)``, under which
+``train(...)`` calls inside the file are skipped (the command line decides the training).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Optional
+
+import numpy as np
+
+from ..core import terms as T
+from ..base.errors import FdslError
+from ..core.functions import as_int, describe, function
+from ..calculus.gradients import error_of
+from ..core.terms import Term
+from ..backends.values import SAVERS
+from ..base.files import Write, target_of
+from ..lang.statements import _leftmost, _split_leading_string, statement
+from .watch import Log, csv_write, measure, plot_write, watch_terms
+
+
+def objective_of(w) -> Optional[Term]:
+    """L if ``w`` is ``-d(L)`` for a scalar L (the descent direction of L, e.g. a cross-entropy),
+    else None."""
+    if not isinstance(w, Term):
+        return None
+    c, rest = T.coefficient(w)
+    if c == -1 and rest.op == "d" and rest.args[0].scalar:
+        return rest.args[0]
+    return None
+
+
+class Trainer:
+    """Steps along the flow of a 1-form under the program's metric, from the program's values,
+    recording the loss and the watched quantities at every step."""
+
+    def __init__(self, program, w, what: str = "the form", watches=()):
+        from ..backends.values import program_evaluator
+        from ..backends.numpy_grad import coefficients, normal_form, symbol_leaves
+        from .flow import Dualizer
+
+        self.program = program
+        self.what = what
+        self.normal = normal_form(program, w, what)  # once: every step reuses it
+        self.error = error_of(w)
+        self.objective = objective_of(w) if self.error is None else None  # w = -d(L): L is the loss
+        self.coefficients = coefficients(program, self.normal, what)
+        if not self.coefficients:
+            raise FdslError("%s involves no weight: there is nothing to train" % what)
+        self.dual = Dualizer(program, list(self.coefficients), what)  # the metric, prepared once
+        self.watches = list(watches)  # [(label, term)]
+        self.scalars = {label for label, t in self.watches if t.scalar}  # recorded as values, not norms
+        self.terms = list(self.coefficients.values()) + [t for t in (self.error, self.objective) if t is not None]
+        self.terms += self.dual.terms() + [t for _, t in self.watches]
+        ev = program_evaluator(program)  # draws random values on demand; checks given ones
+        given = program.values if program.values is not None else {}
+        self.values: dict = {}
+        for name, leaf in symbol_leaves(self.terms).items():
+            if name in given and np.ndim(given[name]) == 3:  # a batch of examples, as given (checked)
+                self.values[name] = np.array(given[name], dtype=np.float64)
+            else:
+                self.values[name] = np.array(ev.value(leaf), dtype=np.float64)
+        for x in self.coefficients:
+            name = x.data[0].printed()
+            if name not in self.values:  # a weight only its differential mentions
+                self.values[name] = np.array(ev.value(x), dtype=np.float64)
+        self.dims, self.origin = ev.dims, ev.origin
+        self.weights = list(self.dual.weights)
+        self.label = "loss" if self.error is not None or self.objective is not None else "|grad|"
+        columns = ["step", self.label] + [label for label, _ in self.watches]
+        if self.dual.blocks:
+            columns += ["cg_iterations", "cg_residual"]
+        self.log = Log(columns, metric=self.dual.describe())
+
+    def measure(self):
+        """(loss, flows, the record's numbers) at the current values: the loss and the gradients
+        from one sweep of the generated code (for a batch of examples, summed over it)."""
+        from ..backends.codegen import compile_gradients
+        from ..backends.numpy_eval import Evaluator
+
+        fn = compile_gradients(self.normal, self.dims, self.error)
+        ev = Evaluator(self.values, self.dims, self.origin)  # metric factors and watches share it
+        if self.error is not None:
+            grads, loss = fn.with_loss(self.values)
+        elif self.objective is not None:
+            grads = fn(self.values)
+            loss = float(ev.value(self.objective)[0, 0])
+        else:
+            grads = fn(self.values)
+            loss = math.sqrt(sum(float(np.sum(g ** 2)) for g in grads.values()))
+        flows, solves = self.dual(grads, self.values, ev)
+        record = [loss] + [measure(ev.value(t)) for _, t in self.watches]
+        if self.dual.blocks:
+            record += [sum(s.iterations for s in solves), max(s.residual for s in solves)]
+        return loss, flows, record
+
+    def run(self, steps: int, lr: float, every: int, report=None) -> list:
+        """Take ``steps`` steps; returns [(step, loss)] every ``every`` steps and at the end;
+        ``report(step, loss)`` is called as they come. Every step is recorded in ``self.log``."""
+        from ..backends.numpy_eval import NonFinite
+
+        def stop(step, what):
+            return FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)" % (step, what, lr))
+
+        curve = []
+        for step in range(steps + 1):
+            try:
+                with np.errstate(all="ignore"):  # a diverging run is caught just below
+                    loss, flows, record = self.measure()
+            except NonFinite as e:
+                raise stop(step, e.message) from None
+            if not (math.isfinite(loss) and all(np.isfinite(v).all() for v in flows.values())):
+                raise stop(step, self._first_non_finite() or "the %s is %s" % (self.label, loss))
+            self.log.rows.append([step] + record)
+            if step % every == 0 or step == steps:
+                curve.append((step, loss))
+                if report is not None:
+                    report(step, loss)
+            if step == steps:
+                break
+            for name, v in flows.items():
+                self.values[name] = self.values[name] + lr * v
+        return curve
+
+    def _first_non_finite(self):
+        """The first non-finite value of the error and the coefficients at the current values, with
+        the term that made it (the interpreter stops there; the generated code cannot say)."""
+        from ..backends.numpy_eval import Evaluator, NonFinite
+
+        ev = Evaluator(self.values, self.dims, self.origin)
+        try:
+            for t in ([self.error] if self.error is not None else []) + list(self.coefficients.values()):
+                ev.value(t)
+        except NonFinite as e:
+            return e.message
+        return None
+
+    def line(self, step: int, loss: float) -> str:
+        """A report line: the loss, the watched quantities and the solver's effort at that step."""
+        row = self.log.rows[step] if step < len(self.log.rows) else None
+        out = "step %5d  %s %.6e" % (step, self.label, loss)
+        if row is None:
+            return out
+        for label, x in zip(self.log.columns[2:], row[2:]):
+            if label == "cg_iterations":
+                out += "  cg %d it" % x
+            elif label == "cg_residual":
+                out += " (residual %.1e)" % x
+            else:
+                out += ("  %s %.4e" if label in self.scalars else "  |%s| %.4e") % (label, x)
+        return out
+
+
+def _check_schedule(steps: int, lr: float, every: Optional[int]) -> int:
+    if steps < 1:
+        raise FdslError("the number of steps must be at least 1, not %d" % steps, file="--steps")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise FdslError("the learning rate must be a positive number, not %g" % lr, file="--lr")
+    if every is None:
+        every = max(1, steps // 10)
+    if every < 1:
+        raise FdslError("the loss is shown every K >= 1 steps, not every %d" % every, file="--every")
+    return every
+
+
+# ---- the language: train(w, steps, lr, every?, "watch", ...) ---------------------------------------
+
+
+class Training:
+    """A training run: its report lines, its summary and its per-step log; ``show`` prints the
+    lines, ``plot "f.png" RUN`` and ``save "f.csv" RUN`` draw and write the log."""
+
+    def __init__(self, lines, summary, log: Optional[Log] = None):
+        self.lines, self.summary, self.log = lines, summary, log
+
+    def show(self) -> str:
+        return "\n".join(self.lines + [self.summary])
+
+
+def _summary(trainer, curve, steps, lr) -> str:
+    out = "%s %.6g -> %.6g in %d steps (lr %g)" % (trainer.label, curve[0][1], curve[-1][1], steps, lr)
+    if not trainer.dual.euclidean:
+        out += ", metric %s" % trainer.dual.describe()
+    return out
+
+
+@function("train(w, steps, lr, every?, watch...)", "steps along the flow of w under the program's metric "
+          "(Euclidean: gradient descent; w = form(E) descends 1/2 ||E||^2), showing the loss every `every` "
+          "steps; each string argument, e.g. \"coeff(w, K[1])\", is watched (its norm recorded every step)",
+          min_args=3, max_args=None)
+def _train(program, w, steps, lr, *rest):
+    if program.options.get("train") is False:
+        return Training([], "train(...) skipped: the fdsl command decides the training")
+    steps = as_int(steps, "the number of steps")
+    if not isinstance(lr, Fraction):
+        raise FdslError("the learning rate must be a number, not %s" % describe(lr))
+    lr = float(lr)
+    every = None
+    if rest and not isinstance(rest[0], str):
+        every, rest = as_int(rest[0], "every"), rest[1:]
+    for r in rest:
+        if not isinstance(r, str):
+            raise FdslError("after train(w, steps, lr, every?) come watched expressions in quotes, "
+                            "\"coeff(w, K[1])\", not %s" % describe(r))
+    every = _check_schedule(steps, lr, every)
+    trainer = Trainer(program, w, "the first argument of train", watch_terms(program, rest, "watch"))
+    curve = trainer.run(steps, lr, every)
+    from ..backends.values import program_values
+
+    store = program_values(program)
+    for name in trainer.weights:  # later eval/save/grad see the trained weights
+        store[name] = trainer.values[name]
+    return Training([trainer.line(s, l) for s, l in curve], _summary(trainer, curve, steps, lr), trainer.log)
+
+
+# ---- the language: plot "FILE.png" RUN, ... ------------------------------------------------------------
+
+
+def runs_of(program, nodes, values) -> list:
+    """The logs of training runs given to plot or save, named by the definitions that hold them."""
+    logs = []
+    for k, (node, value) in enumerate(zip(nodes, values)):
+        if not isinstance(value, Training):
+            raise program.error("expected a training run, e = train(w, steps, lr), not %s" % describe(value), node)
+        if value.log is None:
+            raise program.error("this train(...) was skipped (the fdsl command decides the training): "
+                                "it has no log", node)
+        name = node.value if node.kind == "name" else "run %d" % (k + 1)
+        logs.append(Log(value.log.columns, value.log.rows, name, value.log.metric))
+    return logs
+
+
+@statement("plot", 'plot "FILE.png" RUN[, RUN...]', "draw the loss and watched quantities of training runs "
+           "(e = train(w, steps, lr, every, \"coeff(w, K[1])\")) to a PNG, one line per run")
+def _plot(program, st):
+    items = list(st.items)
+    if items and items[0].kind == "mul" and _leftmost(items[0]).kind == "string":
+        items = _split_leading_string(items[0]) + items[1:]  # plot "f.png" e, k parses as ("f.png" e), k
+    if len(items) < 2 or items[0].kind != "string":
+        raise FdslError('usage: plot "FILE.png" RUN[, RUN...]', line=st.line, col=st.col)
+    values = [program.evaluate(node, {}) for node in items[1:]]
+    if program.options.get("train") is False:
+        return  # the fdsl command decides the training; the runs have no logs
+    path = program.resolve_path(items[0].value)
+    try:
+        target_of(path)
+    except FdslError as e:
+        raise FdslError(e.message, line=st.line, col=st.col) from None
+    logs = runs_of(program, items[1:], values)
+    program.effects.append(Write(path, plot_write(logs)))
+
+
+def _save_runs(program, path, nodes, values) -> Write:
+    """``save "FILE.csv" RUN[, RUN...]``: the logs of training runs, one CSV."""
+    return Write(path, csv_write(runs_of(program, nodes, values)))
+
+
+SAVERS[".csv"] = _save_runs

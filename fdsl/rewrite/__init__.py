@@ -1,0 +1,1 @@
+"""fdsl.rewrite."""
