@@ -9,7 +9,8 @@ to parse and elaborate the program and build form(E) ("front end"), the time of 
 of the result in distinct nodes (``fdsl.core.terms.dag_size``). Each measurement runs in a fresh
 process (terms are interned process-wide, so a second run would find its subterms already built);
 the one-time start-up (imports, grammar, stdlib rules) is excluded and reported separately. Times
-are CPU seconds of that process (the work is single-threaded). The expanded form stops growing L once one L takes more than 60 s or the one before took more than 20 s.
+are CPU seconds of that process (the work is single-threaded). The expanded form stops growing L once one L takes
+more than 60 s or the one before took more than 20 s.
 
 Table 2, gradient evaluation: all weights, float64, one thread (the thread variables below are
 set before numpy is imported), for four (L, n, d, k, h). Columns: fdsl's generated code
@@ -80,8 +81,8 @@ def normalise_once(L: int, strategy: str) -> dict:
     this single-threaded process, so that other load on a shared machine does not count), size."""
     t0 = time.process_time()
     import fdsl
-    from fdsl.core import terms as T
     from fdsl.calculus.forms import form
+    from fdsl.core import terms as T
 
     warm = fdsl.parse("dim m = 2\nweight Z : m x m\nz = Z\n")  # grammar and stdlib rules, once
     warm.apply_rules(strategy, form(warm["z"]))

@@ -47,9 +47,9 @@ MARK_BEGIN, MARK_END = "<!-- bench/engine.py: begin -->", "<!-- bench/engine.py:
 def workload_once(L: int) -> dict:
     """One measurement in this (fresh) process, with the fdsl found first on sys.path."""
     import fdsl
-    from fdsl.rewrite import engine as rewrite
-    from fdsl.core import terms as T
     from fdsl.calculus.forms import form
+    from fdsl.core import terms as T
+    from fdsl.rewrite import engine as rewrite
 
     if os.environ.get("FDSL_BENCH_NO_RENAMING"):  # every layer rewritten (this tree only)
         from fdsl.core import alpha

@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import fdsl  # noqa: E402
-from fdsl.lang.parse import parse_program  # noqa: E402
 from fdsl.core.terms import dag_size, tree_size  # noqa: E402
+from fdsl.lang.parse import parse_program  # noqa: E402
 
 LAYERS = [1, 2, 4, 8, 16, 20, 32, 40]
 
@@ -60,7 +60,8 @@ def measure(L: int, repeats: int):
         layers.append(time.perf_counter() - start)
     E = program["E"]
     ms = lambda x: x * 1e3
-    return dag_size(E), tree_size(E), ms(cold), ms(statistics.median(full)), ms(statistics.median(layers)), ms(min(layers))
+    return (dag_size(E), tree_size(E), ms(cold), ms(statistics.median(full)), ms(statistics.median(layers)),
+            ms(min(layers)))
 
 
 def main(argv=None) -> int:

@@ -22,9 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fdsl.verify import differential
-from fdsl.verify import fuzz  # noqa: E402
 from fdsl.backends import codegen, torch_eval  # noqa: E402
+from fdsl.verify import (
+    differential,
+    fuzz,  # noqa: E402
+)
 
 
 def breakage(kind: str) -> None:

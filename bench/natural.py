@@ -87,7 +87,8 @@ def main() -> int:
                            "peak_mb": max(r["peak_mb"] for r in runs)}
         a, b = rows[False], rows[True]
         print("| %d | %.3f | %.3f | %.2f | %d, %d | %.0f, %.0f |" % (
-            L, a["seconds"], b["seconds"], a["seconds"] / b["seconds"], a["nodes"], b["nodes"], a["peak_mb"], b["peak_mb"]),
+            L, a["seconds"], b["seconds"], a["seconds"] / b["seconds"], a["nodes"], b["nodes"], a["peak_mb"],
+            b["peak_mb"]),
             flush=True)
     seconds, peak, rc = grad_peak(64)
     print()

@@ -22,7 +22,8 @@ thread (set before numpy and torch are imported), with the clock the CPU time of
 Before timing, every answer is checked and a mismatch stops the benchmark: fdsl's gradients are
 minus the hand backprop's (float64: 1e-9 relative on every weight, against the floor of
 bench/deep.py; float32: 1e-3 of the whole gradient against the float64 one), torch's agree with
-the hand backprop's (1e-7 per weight: at these sizes two float64 implementations round apart), the torch target agrees with torch autograd to 1e-10 in float64 (the whole
+the hand backprop's (1e-7 per weight: at these sizes two float64 implementations round apart), the torch target
+agrees with torch autograd to 1e-10 in float64 (the whole
 gradient), and the batch's gradients equal the sum of the single ones to 1e-12. Times are medians
 of interleaved repeats (bench/deep.py's ``timed``); ratios are of medians from this process.
 """
@@ -34,15 +35,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import deep  # noqa: E402  (first: it sets the thread variables before numpy is imported)
-
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import time  # noqa: E402
 
-import numpy as np  # noqa: E402
-
+import deep  # noqa: E402  (first: it sets the thread variables before numpy is imported)
 import handwritten  # noqa: E402
+import numpy as np  # noqa: E402
 
 ROOT = deep.ROOT
 SIZES = [(4, 512, 256, 64, 256), (12, 256, 768, 64, 768)]
@@ -156,7 +155,6 @@ def table_a(sizes, repeats, log) -> list:
 
 
 def table_b(repeats, log) -> dict:
-    L = BATCH_SIZE[0]
     values = deep.make_values(*BATCH_SIZE)
     rng = np.random.default_rng(1)
     n, d = BATCH_SIZE[1], BATCH_SIZE[2]

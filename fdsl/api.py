@@ -18,8 +18,8 @@ picture      ``diagram(E)`` (also ``E.diagram()``) and ``deps(w, V, W)`` return 
 
 from __future__ import annotations
 
-from .core import terms as T
 from .base.errors import FdslError
+from .core import terms as T
 from .core.functions import as_term
 from .core.terms import Term, _checked
 from .lang.program import Program, load, parse  # noqa: F401  (fdsl.load, fdsl.parse)

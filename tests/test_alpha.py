@@ -10,12 +10,12 @@ import sys
 import textwrap
 
 import pytest
+from oracle import ENCODER  # examples/encoder2.fd's declarations, layer(i, Z) and encoder(L)
 
 import fdsl
+from fdsl.calculus.forms import form
 from fdsl.core import alpha
 from fdsl.core import terms as T
-from fdsl.calculus.forms import form
-from oracle import ENCODER  # examples/encoder2.fd's declarations, layer(i, Z) and encoder(L)
 
 PROGRAMS = {
     "named": ENCODER + "N(0) = X\nN(L) := layer(L-1, N(L-1))\nE := Y - N(5)\n",

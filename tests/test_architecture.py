@@ -164,3 +164,26 @@ def test_a_planted_loop_fails(monkeypatch):
                         planted if self == ops else _orig(self, *a, **k))
     found = violations([terms, ops])
     assert any(v.startswith("a loop") and "fdsl.core.ops" in v for v in found), found
+
+
+def test_the_command_line_names_the_backends_targets():
+    """fdsl codegen's --target and --dtype choices are written out in the CLI (no numpy to build the
+    parser); they must be the backends' own."""
+    from fdsl.backends import targets
+    from fdsl.cli import codegen
+
+    assert codegen.TARGETS == tuple(sorted(targets.TARGETS)) and codegen.DTYPES == targets.DTYPES
+
+
+def test_only_the_composition_root_loads_modules_by_name():
+    named = [(path, line) for path in modules() for line, _, _ in _named_imports(path)
+             if module_name(path) != "fdsl.compose"]
+    assert not named, named
+
+
+def _named_imports(path):
+    tree = ast.parse(path.read_text())
+    return [(node.lineno, node.args[0].value, None) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+            in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)
+            and str(node.args[0].value).startswith("fdsl")]

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracle import weight_values
 
 import fdsl
-from fdsl.core import terms as T
 from fdsl.backends.numpy_eval import Evaluator
 from fdsl.calculus.forms import coeff, form, weights
-
-from oracle import weight_values
+from fdsl.core import terms as T
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (ROOT / "examples" / "deep.fd").read_text().split("\nE := ")[0]

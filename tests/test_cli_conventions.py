@@ -13,11 +13,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO
 
 import fdsl
-from fdsl.cli import build_parser
-
-from conftest import REPO
+from fdsl.cli.main import build_parser
 
 ONE_LINER = "dim n; const A : n x n; weight W : n x n; show normal(form(A - W A))"
 

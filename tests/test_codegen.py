@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracle import central_difference, weight_values
 
 import fdsl
-from fdsl.base.errors import FdslError
 from fdsl.backends import codegen
 from fdsl.backends.numpy_eval import Evaluator
+from fdsl.base.errors import FdslError
 from fdsl.calculus.forms import coeff, form, weights
-
-from oracle import weight_values, central_difference
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (ROOT / "examples" / "deep.fd").read_text().split("\nE := ")[0]

@@ -20,11 +20,11 @@ import networkx as nx
 import pytest
 
 import fdsl
-from fdsl.core import terms as T
 from fdsl.backends import depsview as dv
 from fdsl.backends import graphviz as gv
 from fdsl.backends import termgraph as tg
 from fdsl.base.errors import FdslError
+from fdsl.core import terms as T
 from fdsl.core.terms import dag_size, postorder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -545,12 +545,14 @@ def test_deps_pairs_of_encoder2_with_a_named_error(tmp_path):
     # the last translation f_1 enters linearly: its coefficient is made of E and C only
     assert kept[program.expr("f[1]")] == {E}
     # every coefficient reaches E, directly or through the adjoint of encoder_1 (the shared form)
-    assert all(fdsl.calculus.forms.depends(fdsl.calculus.forms.coeff(program.expr("normal(form(E))"), w), E) for w in kept)
+    assert all(fdsl.calculus.forms.depends(fdsl.calculus.forms.coeff(program.expr("normal(form(E))"), w), E)
+               for w in kept)
     # layer 1 sees layer 0's weights through the intermediate encoder_1 that the graph shares
     assert any(x.op == "let" and x.data == ("encoder", (1,)) for x in kept[program.expr("K[1]")])
     graph = dv.deps_graph(kept)
     assert graph.nodes["w_E"]["dot"]["fillcolor"] == tg.LET_FILL
-    assert "12 weights, 3 named intermediates, 12 coefficients" in graph.graph["legend"][0][0]  # E, encoder_1, G_encoder_1
+    # E, encoder_1, G_encoder_1
+    assert "12 weights, 3 named intermediates, 12 coefficients" in graph.graph["legend"][0][0]
 
 
 def test_cli_deps_of_encoder2(tmp_path):

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracle import gradient, symbol_values
 
 import fdsl
 from fdsl.backends import numpy_grad
 from fdsl.backends.numpy_eval import Evaluator, evaluate
 from fdsl.calculus.forms import weights
-
-from oracle import gradient, symbol_values
 
 HEAD = """\
 dim n = 4, d = 3, h = 5

@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from oracle import ENCODER, central_difference, gradient, kink_margin, rel_error, weight_values
 
 import fdsl
 from fdsl.backends.numpy_eval import evaluate
 from fdsl.backends.values import Values
 from fdsl.base.errors import FdslError
 from fdsl.learn.flow import conjugate_gradients, flows_of
-
-from oracle import ENCODER, central_difference, gradient, kink_margin, rel_error, weight_values
 
 
 def program_with(text, values):
@@ -263,8 +262,10 @@ def test_a_metric_that_is_not_spd_is_refused(layer, line, message):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("metric Q[i] = kron(eye(k), eye(k))", r":13:20: kron\(L, R\) on Q\[i\] \(d x k\): I_k is \(k x k\), not square in its rows \(d\)"),
-    ("metric X = euclidean", r"a metric is on a weight \(U, K\[1\]\) or a family of weights \(K\[i\]\), not the matrix expression X"),
+    ("metric Q[i] = kron(eye(k), eye(k))",
+     r":13:20: kron\(L, R\) on Q\[i\] \(d x k\): I_k is \(k x k\), not square in its rows \(d\)"),
+    ("metric X = euclidean",
+     r"a metric is on a weight \(U, K\[1\]\) or a family of weights \(K\[i\]\), not the matrix expression X"),
     ("metric Q = euclidean", r"Q is an indexed family: write metric Q\[i\] = ... for all its members"),
     ("metric Q[i] = riemann", r"a metric is euclidean, kron\(L, R\) or gaussnewton\(E, lambda\), not 'riemann'"),
     ("metric gaussnewton(X, 1)", r"E of gaussnewton\(E, lambda\) must depend on weights"),

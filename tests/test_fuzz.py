@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from fdsl.verify import fuzz  # noqa: E402
 from fdsl.backends import codegen  # noqa: E402
 from fdsl.core.ops import OPS  # noqa: E402
+from fdsl.verify import fuzz  # noqa: E402
 
 
 def test_a_fixed_slice_of_random_programs_agrees_every_way():

@@ -20,13 +20,12 @@ import io
 
 import numpy as np
 import pytest
+from oracle import ENCODER, gradient
 
 import fdsl
 from fdsl.backends.numpy_eval import Evaluator
 from fdsl.backends.numpy_grad import coefficients, gradients
 from fdsl.calculus.forms import form
-
-from oracle import ENCODER, gradient
 
 N, D, K, H = 8, 6, 4, 5  # the sizes of examples/encoder2.fd
 DECLARATIONS = ENCODER

@@ -112,7 +112,8 @@ CASES = [
          ["run", "p.fd"], code=0, stdout=r"\[\[0\. 0\.\]\n \[0\. 0\.\]\]"),
     Case("latex-injection", {"p.fd": 'rules "t.rules"\n' + HEAD + "show latex(f(X))\n",
                              "t.rules": 'operator f(A) latex "}\\input{/etc/passwd}{" = A\n'},
-         ["run", "p.fd"], code=0, stdout=r"^\\operatorname\{\\\}\\textbackslash\{\}input\\\{/etc/passwd\\\}\\\{\}\\left"),
+         ["run", "p.fd"], code=0,
+         stdout=r"^\\operatorname\{\\\}\\textbackslash\{\}input\\\{/etc/passwd\\\}\\\{\}\\left"),
     Case("import-cycle", {"p.fd": 'rules "a.rules"\n', "a.rules": 'import "b"\n', "b.rules": 'import "a"\n'},
          ["run", "p.fd"], message=r"^b\.rules:1:1: import cycle: a\.rules imports b\.rules imports a"),
     # ---- 3. outputs -----------------------------------------------------------------------------
@@ -136,7 +137,8 @@ CASES = [
     # ---- 4. exhaustion --------------------------------------------------------------------------
     Case("growing-rule", {"p.fd": 'rules "g.rules"\n' + HEAD + "show grow(m(X))\n",
                           "g.rules": "ruleset grow\nrule g: m(?A) => m(?A + ?A)\n"},
-         ["run", "p.fd"], message=r"^p\.fd:5:6: grow: one step of rule g \(g\.rules:2\) built \d+ term cells.*--size-limit"),
+         ["run", "p.fd"],
+         message=r"^p\.fd:5:6: grow: one step of rule g \(g\.rules:2\) built \d+ term cells.*--size-limit"),
     Case("growing-rule-size-limit", {"p.fd": 'rules "g.rules"\n' + HEAD + "show grow(m(X))\n",
                                      "g.rules": "ruleset grow\nrule g: m(?A) => m(?A + X^t)\n"
                                      .replace("X^t", "?A^t")},
@@ -159,7 +161,8 @@ CASES = [
          message=r"^p\.fd:4:6: the number 9+\.\.\. \(5000 digits\) is out of range"),
     Case("literal-1e308", {"p.fd": HEAD + "show 1e308 / 1e307\n"}, ["run", "p.fd"], code=0, stdout=r"^10$"),
     Case("huge-dim", {"p.fd": "dim n = 1000000000, k = 3\nconst X : n x k\nrandom 0\nshow eval(X)\n"},
-         ["run", "p.fd"], message=r"^p\.fd:4:6: the value of X, 1000000000 x 3 floats, would take .* more than the memory"),
+         ["run", "p.fd"],
+         message=r"^p\.fd:4:6: the value of X, 1000000000 x 3 floats, would take .* more than the memory"),
     Case("dim-too-many-digits", {"p.fd": "dim n = %s\n" % ("9" * 30)}, ["run", "p.fd"],
          message=r"^p\.fd:1:9: 9+\.\.\. is too large for a size or an index"),
     Case("values-dev-zero", {"p.fd": HEAD + 'values "/dev/zero"\n'}, ["run", "p.fd"],
@@ -184,11 +187,14 @@ CASES = [
          code=0, stdout=r"^X$"),
     Case("deep-derivative", {"p.fd": HEAD + "random 0\nx = %s\nshow nodes(expandAll(d(x)))\nshow eval(x)\n"
                              % nested("m(", ")", "W", 20_000)}, ["run", "p.fd"], code=0, stdout=r"^40001\n"),
-    Case("deep-printing", {"p.fd": HEAD + "x = %s\nshow x\nshow string(x)\nshow latex(x)\n" % nested("a(", ")", "X", 50_000)},
+    Case("deep-printing", {"p.fd": HEAD + "x = %s\nshow x\nshow string(x)\nshow latex(x)\n"
+                           % nested("a(", ")", "X", 50_000)},
          ["run", "p.fd"], code=0, stdout=r"^a\(a\(a\("),
-    Case("deep-rule", {"p.fd": 'rules "r.rules"\n', "r.rules": "ruleset r\nrule x: %s => ?A\n" % nested("m(", ")", "?A")},
+    Case("deep-rule", {"p.fd": 'rules "r.rules"\n',
+                       "r.rules": "ruleset r\nrule x: %s => ?A\n" % nested("m(", ")", "?A")},
          ["run", "p.fd"], message=r"^r\.rules:2:9: rule x nests more than 1000 levels deep"),
-    Case("deep-operator-value", {"p.fd": 'rules "r.rules"\n', "r.rules": "operator f(A) = %s\n" % nested("m(", ")", "A")},
+    Case("deep-operator-value", {"p.fd": 'rules "r.rules"\n',
+                                 "r.rules": "operator f(A) = %s\n" % nested("m(", ")", "A")},
          ["run", "p.fd"], message=r"^r\.rules:1:17: the value of operator f nests more than 1000 levels deep"),
     Case("deep-sum-of-many", {"p.fd": HEAD + "x = %s\nshow nodes(x)\n" % " + ".join(["X"] * 100_000)},
          ["run", "p.fd"], code=0, stdout=r"^2$"),  # 100000 X: the number and X
@@ -231,7 +237,8 @@ CASES = [
          ["codegen", "p.fd", "--form", 'w"""\nimport os', "-o", "g.py"], absent=("g.py",),
          message=r"^--form 'w\"\"\"\\nimport os': unexpected character"),
     Case("rule-file-message-names-no-grammar-internals", {"p.fd": 'rules "r.rules"\n',
-                                                          "r.rules": "ruleset z\nrule a: m(?A) => ?A if __import__(?A)\n"},
+                                                          "r.rules": "ruleset z\nrule a: m(?A) => ?A "
+                                                                     "if __import__(?A)\n"},
          ["run", "p.fd"], message=r"^r\.rules:2:24: unexpected character '_'; (?!.*fdsl__).*a number"),
     Case("codegen-names-of-the-module", {"p.fd": CODEGEN_NAMES}, ["codegen", "p.fd", "--form", "w", "-o", "g.py"],
          code=0, check=lambda d: _check_codegen_names(d / "g.py")),

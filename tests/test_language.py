@@ -14,12 +14,12 @@ from fractions import Fraction
 import pytest
 
 import fdsl
+from fdsl.calculus.forms import weights
 from fdsl.core import printers
 from fdsl.core import terms as T
-from fdsl.calculus.forms import weights
 from fdsl.core.functions import as_term, render
-from fdsl.lang.program import Family
 from fdsl.core.terms import Symbol, dag_size, tree_size
+from fdsl.lang.program import Family
 
 PROGRAM = """\
 dim n = 8, d = 6, k = 4, h = 5

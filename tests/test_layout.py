@@ -6,14 +6,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import EXAMPLES
 
 import fdsl
 from fdsl.calculus import forms
 from fdsl.core import printers
 from fdsl.core.functions import render
 from fdsl.core.layout import WIDTH
-
-from conftest import EXAMPLES
 
 
 @pytest.fixture(scope="module")

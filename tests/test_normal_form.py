@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl.core import printers
-from fdsl.core import terms as T
 from fdsl.backends.numpy_eval import evaluate
 from fdsl.calculus.forms import coeff, form, weights
+from fdsl.core import printers
+from fdsl.core import terms as T
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (ROOT / "examples" / "encoder2.fd").read_text().split("\nE = ")[0]

@@ -9,11 +9,10 @@ import shutil
 from fractions import Fraction
 
 import pytest
+from conftest import EXAMPLES, REPO
 
 import fdsl
 from fdsl.core import terms as T
-
-from conftest import EXAMPLES, REPO
 
 HAVE_DOT = shutil.which("dot") is not None
 needs_dot = pytest.mark.skipif(not HAVE_DOT, reason="Graphviz's dot is not installed")

@@ -15,12 +15,11 @@ EXACT = 1e-12 for identities that hold in exact arithmetic.
 
 import numpy as np
 import pytest
+from oracle import central_difference, directional_derivative, kink_margin, rel_error
 
 import fdsl
 from fdsl.backends.numpy_eval import evaluate
 from fdsl.backends.numpy_runtime import _aa, _mm, _softmax
-
-from oracle import central_difference, directional_derivative, kink_margin, rel_error
 
 TOL = 1e-8
 EXACT = 1e-12

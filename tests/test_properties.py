@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import fdsl
-from fdsl.core import terms as T
 from fdsl.backends.numpy_eval import Evaluator, NotDifferentiable
+from fdsl.core import terms as T
 from fdsl.core.printers import text
 
 PROGRAM = fdsl.parse("""\
@@ -142,7 +142,8 @@ def test_strategies_keep_the_value_of_matrices(rows, cols, seed, data):
     for name in STRATEGIES:
         after = PROGRAM.apply_rules(name, term)
         assert after.shape == term.shape
-        assert rel(value(after, vals), before) < 1e-9, "%s changed the value of %s to %s" % (name, text(term), text(after))
+        assert rel(value(after, vals), before) < 1e-9, "%s changed the value of %s to %s" % (name, text(term),
+                                                                                             text(after))
 
 
 @SETTINGS

@@ -1,5 +1,6 @@
 """The repl's IPython-style conveniences through the command line (inputs piped to ``fdsl repl``)
-and the lexer (the prompt's highlighting is in test_repl.py, in a pseudo-terminal): ``_``, ``NAME?``, ``:help NAME``, ``:who``, ``:reset``,
+and the lexer (the prompt's highlighting is in test_repl.py, in a pseudo-terminal): ``_``, ``NAME?``, ``:help NAME``,
+``:who``, ``:reset``,
 ``:time``, ``:diagram EXPR [-o FILE]``, and errors at the real line of piped input."""
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-
 
 from conftest import REPO
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import fdsl.backends
 from fdsl import repl
 from fdsl.core.functions import FUNCTIONS, Function
 
@@ -165,16 +166,18 @@ def test_diagram_through_the_graphviz_backend(monkeypatch):
     calls = []
     backend = types.ModuleType("fdsl.backends.graphviz")
     backend.diagram_command = lambda program, text, path=None: calls.append(text) or "wrote diagram.svg"
+    s = session()  # the language loads the real backend first; the repl must call the one there now
     monkeypatch.setitem(sys.modules, "fdsl.backends.graphviz", backend)
-    s = session()
+    monkeypatch.setattr(fdsl.backends, "graphviz", backend)
     assert s.run(":diagram form(E)")
     assert calls == ["form(E)"]
     assert output(s) == "wrote diagram.svg\n"
 
 
 def test_diagram_without_the_backend(monkeypatch):
-    monkeypatch.setitem(sys.modules, "fdsl.backends.graphviz", None)  # import raises ImportError
     s = session()
+    monkeypatch.setitem(sys.modules, "fdsl.backends.graphviz", None)  # import raises ImportError
+    monkeypatch.delattr(fdsl.backends, "graphviz")
     assert s.run(":diagram X")
     assert output(s).startswith("diagrams are unavailable")
 

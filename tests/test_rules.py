@@ -10,8 +10,8 @@ from conftest import _run_fdsl
 
 import fdsl
 from fdsl.core import terms as T
-from fdsl.rewrite.patterns import Bag, Op, Seq, Var, Word, match
 from fdsl.lang.rules import RuleBook
+from fdsl.rewrite.patterns import Bag, Op, Seq, Var, Word, match
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD_RULES = sorted((ROOT / "tests" / "bad_rules").glob("*.rules"))

@@ -77,7 +77,8 @@ def test_cli_outputs_refuse_devices_folders_and_empty_names(run_fdsl, examples, 
     r = run_fdsl(command[0], examples / "encoder2.fd", *command[1:], out)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["folder"] + (["folder.svg"] if out.endswith(".svg") else []))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["folder"]
+                                                                + (["folder.svg"] if out.endswith(".svg") else []))
 
 
 def test_grad_keeps_mode_and_symlink(run_fdsl, examples, tmp_path):

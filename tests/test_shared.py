@@ -11,16 +11,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracle import ENCODER, central_difference, kink_margin, random_direction, rel_error, weight_values
 
 import fdsl
-from fdsl.core import printers
 from fdsl.backends import torch_eval
-from fdsl.core import terms as T
 from fdsl.backends.numpy_eval import evaluate
 from fdsl.backends.numpy_grad import gradients
 from fdsl.calculus.forms import coeff, depends, weights
-
-from oracle import ENCODER, central_difference, kink_margin, random_direction, rel_error, weight_values
+from fdsl.core import printers
+from fdsl.core import terms as T
 
 NATURAL = ENCODER + "E = Y - encoder(%d)\nw = form(E)\n"
 
@@ -91,7 +90,8 @@ def test_fdsl_grad_of_the_natural_program_is_the_derivative_of_the_loss(L, tmp_p
     values = weight_values(p, ws, seed=L, inputs=("X", "Y"))
     np.savez(tmp_path / "v.npz", **values)
     (tmp_path / "e.fd").write_text(NATURAL % L)
-    proc = run_fdsl("grad", tmp_path / "e.fd", "--form", "w", "--values", tmp_path / "v.npz", "--out", tmp_path / "g.npz")
+    proc = run_fdsl("grad", tmp_path / "e.fd", "--form", "w", "--values", tmp_path / "v.npz",
+                    "--out", tmp_path / "g.npz")
     assert proc.returncode == 0, proc.stderr
     g = dict(np.load(tmp_path / "g.npz"))
     assert sorted(g) == sorted(x.data[0].printed() for x in ws)

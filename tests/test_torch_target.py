@@ -18,11 +18,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_codegen import HEADER, import_module, program, shared  # noqa: E402
+
+import fdsl  # noqa: E402
 from fdsl.backends import codegen  # noqa: E402
 from fdsl.base.errors import FdslError  # noqa: E402
 from fdsl.calculus.gradients import error_of  # noqa: E402
-
-from test_codegen import HEADER, import_module, program, shared  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TIGHT = 1e-10  # float64: the same math in two bracketings
@@ -178,14 +179,13 @@ def test_a_batched_weight_is_refused(tmp_path):
 
 
 def _tanh_program(rules_text):
-    import fdsl
 
     source = (ROOT / "examples" / "softplus.fd").read_text()
     directory = Path(__import__("tempfile").mkdtemp())
     (directory / "softplus.rules").write_text(rules_text)
     (directory / "softplus.fd").write_text(source)
     p = fdsl.load(str(directory / "softplus.fd"))
-    return p, p.apply_rules("normal", __import__("fdsl").forms.form(p["E"]))
+    return p, p.apply_rules("normal", fdsl.form(p["E"]))
 
 
 def test_a_rule_file_operator_runs_on_torch_when_torch_spells_it_alike(tmp_path):
@@ -226,7 +226,6 @@ def test_every_numpy_function_of_rule_files_runs_on_torch(fn):
 def test_an_operator_torch_cannot_spell_is_an_error(monkeypatch):
     # rule files name numpy functions from a fixed table, all of which the torch runtime has; an
     # operator added in Python with a template outside it is refused by name, not run wrongly
-    import fdsl
     from fdsl.core import ops
 
     op = ops.Op("spaced", 1, ops.same_shape_args("spaced"), numpy="np.spacing({0})", user=True, params=("A",))

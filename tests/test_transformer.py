@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracle import symbol_values
 
 import fdsl
 from fdsl.backends import numpy_grad
 from fdsl.backends.numpy_eval import evaluate
-
-from oracle import symbol_values
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-
 REPO = Path(__file__).resolve().parent.parent
 # what the wheel is built from: the checkout without its tests, caches and build products
 _NOT_SOURCES = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist", ".hypothesis",
@@ -68,7 +67,8 @@ def test_wheel_carries_grammar_and_stdlib(wheel):
         assert "fdsl/grammar/" + name in names, "grammar/%s is not in the wheel" % name
     for name in sorted(p.name for p in (REPO / "stdlib").glob("*.rules")):
         assert "fdsl/stdlib/" + name in names, "stdlib/%s is not in the wheel" % name
-    assert "fdsl/cli.py" in names and any(n.endswith("entry_points.txt") for n in names)
+    assert ("fdsl/cli/main.py" in names and "fdsl/core/terms.py" in names
+            and any(n.endswith("entry_points.txt") for n in names))
 
 
 @pytest.fixture(scope="module")

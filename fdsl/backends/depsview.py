@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import networkx as nx
 
-from ..calculus import forms
 from ..base.errors import FdslError
+from ..calculus import forms
 from ..core.functions import as_term, describe
 from ..core.printers import text
 from ..core.terms import Term, postorder
@@ -201,7 +201,8 @@ def deps_graph(pairs) -> nx.DiGraph:
     layers = sorted({v.data[0].index[0] for v in order if v.op == "sym" and v.data[0].index})
     lets = sum(1 for v in order if v.op == "let")
     graph.graph["legend"] = [
-        ("%d weights%s, %d coefficients, %d edges" % (len(order) - lets, plural(lets, "named intermediate", ", ") if lets else "",
+        ("%d weights%s, %d coefficients, %d edges" % (len(order) - lets,
+                                                       plural(lets, "named intermediate", ", ") if lets else "",
                                                        len(pairs), graph.number_of_edges()), None),
         ("an edge V -> coeff of dW: the weight V appears in the coefficient G of dW", None),
         ("(the form is the sum of trace(G dW), one summand per weight W)", None),

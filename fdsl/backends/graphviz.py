@@ -24,11 +24,11 @@ import html
 from pathlib import Path
 from typing import Optional
 
-from ..base.limits import DEFAULT_MAX_EDGES, DEFAULT_MAX_NODES
 from ..base.errors import FdslError
-from ..core.functions import describe, function
-from ..base.progress import slow
 from ..base.files import Write
+from ..base.limits import DEFAULT_MAX_EDGES, DEFAULT_MAX_NODES
+from ..base.progress import slow
+from ..core.functions import describe, function
 from .termgraph import term_graph
 
 FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf", ".dot": None}  # extension -> dot -T format
@@ -189,8 +189,10 @@ def layout(digraph, fmt: str, what: str = "the picture") -> bytes:
     except graphviz.ExecutableNotFound:
         raise NoDot() from None
     except graphviz.CalledProcessError as e:
-        message = (e.stderr or b"").decode("utf-8", "replace").strip() if isinstance(e.stderr, bytes) else str(e.stderr or "")
-        raise FdslError("Graphviz's dot could not draw %s: %s" % (what, message or "exit code %d" % e.returncode)) from None
+        message = ((e.stderr or b"").decode("utf-8", "replace").strip() if isinstance(e.stderr, bytes)
+                   else str(e.stderr or ""))
+        raise FdslError("Graphviz's dot could not draw %s: %s"
+                        % (what, message or "exit code %d" % e.returncode)) from None
 
 
 class Diagram:

@@ -43,12 +43,12 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from . import numpy_runtime
 from ..base.errors import FdslError
 from ..base.inputs import check_allocation
 from ..core.ops import OPS, shape_str
 from ..core.printers import text
 from ..core.terms import Symbol, Term, postorder, tree_size
+from . import numpy_runtime
 
 # ---- lowering: operator -> numpy function -----------------------------------------------------
 

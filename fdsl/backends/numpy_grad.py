@@ -26,16 +26,15 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from . import numpy_eval
-from ..core import terms as T
 from ..base.errors import FdslError
-from ..core.functions import as_term, describe, function
-from ..core.printers import short
 from ..calculus import gradients as gradients_of
 from ..core import normal
+from ..core import terms as T
+from ..core.functions import as_term, describe, function
+from ..core.printers import short
 from ..core.terms import Term, postorder
+from . import numpy_eval
 from .values import Numeric, program_evaluator, program_values
-
 
 # ---- normal forms and coefficients ---------------------------------------------------------------
 
@@ -132,7 +131,8 @@ class Gradients(dict):
             if g.ndim == 0:  # a scalar weight
                 parts.append("%s (scalar): %.10g" % (name, g))
                 continue
-            parts.append("%s (%d x %d):\n%s" % ((name,) + g.shape + (np.array2string(g, precision=6, max_line_width=120),)))
+            parts.append("%s (%d x %d):\n%s"
+                         % ((name,) + g.shape + (np.array2string(g, precision=6, max_line_width=120),)))
         return "\n".join(parts)
 
 

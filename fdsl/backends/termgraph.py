@@ -312,7 +312,8 @@ def _legend(graph: nx.DiGraph, roots) -> list:
         lines.append(("%d expressions of a list, drawn together" % len(roots), None))
     shared = sum(1 for v in graph if graph.in_degree(v) > 1)
     if shared:
-        lines.append(("%d subterms occur more than once: drawn once, with an incoming edge from each use" % shared, None))
+        lines.append(("%d subterms occur more than once: drawn once, "
+                      "with an incoming edge from each use" % shared, None))
     if any(d["positions"] for _, _, d in graph.edges(data=True)):
         lines.append(("edge numbers: argument positions (a product's factors, left to right)", None))
     kinds = {}

@@ -32,7 +32,8 @@ def power_problem(base: Fraction, exponent: int):
         return None
     bits = max(abs(base.numerator).bit_length(), base.denominator.bit_length(), 2) - 1
     if bits * abs(exponent) > _FLOAT_BITS:
-        return "out of range: %s to the power %s is beyond float64 (magnitude about 1e-308 to 1.8e308)" % (base, exponent)
+        return ("out of range: %s to the power %s is beyond float64 (magnitude about 1e-308 to 1.8e308)"
+                % (base, exponent))
     return None
 
 

@@ -14,7 +14,8 @@ rank          how many intermediates lie beneath a named term (0 for the first o
 
 ``backprop(w)``: name the intermediates the shared graph has (``fdsl.core.share``: a value used more
 than once, ``encoder_3`` or ``E`` when the program gave it that name), expand w with the strategy
-``layer`` (stdlib/backprop.rules); weight terms are final; for the pending intermediate of highest rank, name its adjoint, replace d(X_i) by the
+``layer`` (stdlib/backprop.rules); weight terms are final; for the pending intermediate of highest rank, name its
+adjoint, replace d(X_i) by the
 differential of X_i's body, expand that one term with ``layer``, and repeat. Each layer is
 expanded once, so the result grows linearly with depth; the rules are the stdlib's, only the
 order of application and the collection step are new.
@@ -26,9 +27,9 @@ multiplied-out ``expanded`` form (stdlib/normal.rules) on a term without any.
 from __future__ import annotations
 
 from ..core import terms as T
-from .forms import normal_terms, order
 from ..core.share import Sharing, found, has_intermediates
 from ..core.terms import Term
+from .forms import normal_terms, order
 
 
 def _ranks(sharing: Sharing) -> dict:

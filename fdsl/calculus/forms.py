@@ -18,14 +18,13 @@ from __future__ import annotations
 from collections import deque
 from fractions import Fraction
 
-from ..core import terms as T
 from ..base.errors import FdslError
-from ..core.functions import as_int, as_term, function
-from ..core.ops import OPS
-from ..core.printers import text
 from ..core import normal
+from ..core import terms as T
+from ..core.functions import as_int, as_term, function
 from ..core.normal import differentials, is_weight  # noqa: F401  (read here by the verbs' callers)
-from ..core.printers import short
+from ..core.ops import OPS
+from ..core.printers import short, text
 from ..core.terms import Term
 
 
@@ -84,7 +83,8 @@ def normal_terms(w: Term):
         return pairs
     summand, ends = bad
     if not ends:
-        raise NotNormal("not in normal form: %s is not trace(G d(W)); apply normal(...) first" % short(summand), summand)
+        raise NotNormal("not in normal form: %s is not trace(G d(W)); apply normal(...) "
+                        "first" % short(summand), summand)
     raise NotNormal("not in normal form: %s does not end in its only differential; apply normal(...) "
                     "first" % short(summand), summand)
 

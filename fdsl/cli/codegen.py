@@ -6,18 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..base.errors import FdslError
-from ..core.terms import Term
 from .common import FILE_HELP, add_limit_options, set_limits
+
+# the names of fdsl.backends.targets.TARGETS and DTYPES, written out so that building the parser
+# imports no numpy (tests/test_architecture.py holds them equal)
+TARGETS = ("numpy", "torch")
+DTYPES = ("float32", "float64")
+
 
 def _cmd_codegen(args) -> int:
     from ..backends.codegen import gradient_terms, gradients_source
-    from ..base.files import atomic_write
-    from ..calculus import forms
-
-    from ..lang.program import load
-    from ..base.files import target_of
-    from ..calculus.gradients import error_of
     from ..backends.numpy_grad import form_named
+    from ..base.files import atomic_write, target_of
+    from ..calculus import forms
+    from ..calculus.gradients import error_of
+    from ..lang.program import load
 
     target_of(args.output)  # a path that cannot be written fails before the work
     program = load(args.file, rules=args.rules or (), setup=lambda p: set_limits(p, args))
@@ -41,24 +44,25 @@ def _cmd_codegen(args) -> int:
     return 0
 
 
-def normal_form_of(program, value, name: str) -> Term:
+def normal_form_of(program, value, name: str):
     """The value of ``--form NAME`` as a normal form: as it is when it already is one, else through
     the strategy ``backprop`` (the shared normal form: generated code stays linear in depth)."""
+    from ..core.terms import Term
+
     if not isinstance(value, Term) or not value.scalar or not value.has_d:
         raise FdslError("%s is not a scalar 1-form (write e.g. w = form(E) in the file)" % name, file="--form")
     return program.normal_form(value)
 
 
 def register(sub):
-    from ..backends.targets import DTYPES, TARGETS
-
-    p = sub.add_parser("codegen", help="write a standalone numpy (or torch) module computing every gradient of a 1-form")
+    p = sub.add_parser("codegen", help="write a standalone numpy (or torch) module computing every gradient "
+                                       "of a 1-form")
     p.add_argument("file", help=FILE_HELP)
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) or an "
                    "expression; normalised with backprop unless it already is a normal form")
     p.add_argument("-o", "--output", required=True, metavar="grads.py", help="where to write the module")
     p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
-    p.add_argument("--target", choices=sorted(TARGETS), default="numpy", help="the library the module computes "
+    p.add_argument("--target", choices=TARGETS, default="numpy", help="the library the module computes "
                    "with (default numpy; torch: plain torch functions, an autograd Function and a Module)")
     p.add_argument("--dtype", choices=DTYPES, help="compute in this dtype whatever the inputs' (default: the "
                    "inputs' dtype, float32 when every input is float32, else float64)")

@@ -8,13 +8,13 @@ from pathlib import Path
 from ..base.errors import FdslError
 from .common import FILE_HELP, add_value_options, load_with_values
 
+
 def _cmd_flow(args) -> int:
     import numpy as np
-    
-    from ..base.files import Write
-    from ..learn.flow import _gauss_newton_specs, flows_of
 
     from ..backends.numpy_grad import check_given, coefficients, form_named
+    from ..base.files import Write
+    from ..learn.flow import _gauss_newton_specs, flows_of
 
     program = load_with_values(args)
     w = form_named(program, args.form)

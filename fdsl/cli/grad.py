@@ -7,9 +7,10 @@ from pathlib import Path
 
 from .common import FILE_HELP, add_value_options, load_with_values
 
+
 def _cmd_grad(args) -> int:
     import numpy as np
-    
+
     from ..backends.numpy_grad import check_given, coefficients, form_named, gradients, normal_form
     from ..base.files import Write, target_of
 

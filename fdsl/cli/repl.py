@@ -6,6 +6,7 @@ import sys
 
 from .common import add_run_options, run_setup
 
+
 def _cmd_repl(args) -> int:
     from ..repl import Session, _isatty, interactive, script
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..base.errors import FdslError
 
+
 def _cmd_rules(args) -> int:
     from ..verify.check import check, rules_to_check
 

@@ -9,9 +9,10 @@ from pathlib import Path
 from ..base.errors import FdslError
 from .common import FILE_HELP, add_value_options, load_with_values
 
+
 def _cmd_train(args) -> int:
     import numpy as np
-    
+
     from ..base.files import Write, perform_all, target_of
     from ..learn.train import Trainer, _check_schedule, _summary
     from ..learn.watch import csv_write, plot_write, require_matplotlib, watch_terms

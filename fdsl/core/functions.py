@@ -19,8 +19,8 @@ from fractions import Fraction
 from typing import Callable, Optional
 
 from ..base.errors import FdslError
-from .terms import Term, dag_size, eye, ones, tree_size, zero
 from . import printers
+from .terms import Term, dag_size, eye, ones, tree_size, zero
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,8 @@ class LatexStyle(Style):
         return "{%s}^{t}" % inner
 
     def power(self, base, exponent):
-        e = "%d" % exponent.numerator if exponent.denominator == 1 else "%d/%d" % (exponent.numerator, exponent.denominator)
+        e = ("%d" % exponent.numerator if exponent.denominator == 1
+             else "%d/%d" % (exponent.numerator, exponent.denominator))
         return "{%s}^{%s}" % (base, e)
 
     def call(self, name, args):

@@ -26,9 +26,9 @@ from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from ..base.errors import FdslError
-from .hints import syntax_hint
 from ..base.numbers import OUT_OF_RANGE, number_problem
 from ..base.resources import grammar_path
+from .hints import syntax_hint
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,7 +251,8 @@ class ToAst(Transformer_NonRecursive):
     def shape_word(self, meta, children):
         # weight g : scalar (the lexer reads the word as a declaration keyword)
         if str(children[0]) != "scalar":
-            raise FdslError("a shape is rows x cols or scalar, not %r" % str(children[0]), line=meta.line, col=meta.column)
+            raise FdslError("a shape is rows x cols or scalar, not %r" % str(children[0]),
+                            line=meta.line, col=meta.column)
         return ("shape", "scalar")
 
     def dim_ref(self, meta, children):

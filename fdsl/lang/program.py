@@ -27,15 +27,15 @@ from pathlib import Path
 from typing import Optional
 
 from ..base import assembly
+from ..base.errors import FdslError, Redeclared
+from ..base.numbers import number_problem, power_problem
 from ..core import normal, share
 from ..core import terms as T
-from ..base.errors import FdslError, Redeclared
 from ..core.functions import FUNCTIONS, as_int, as_term, describe, render
-from .hints import function_hint, keyword_hint
 from ..core.ops import OPS, ShapeError
-from ..base.numbers import number_problem, power_problem
-from .parse import Node, Stmt, parse_program
 from ..core.terms import Symbol, Term
+from .hints import function_hint, keyword_hint
+from .parse import Node, Stmt, parse_program
 
 # Strategies whose result is a normal form sum_W trace(G_W dW), checked before it is used: a stray
 # differential (an operator with no d rule or no flip rule) would give wrong coefficients
@@ -458,7 +458,8 @@ class Program:
         j = as_int(index[0], "an index")
         items = _items(base)
         if not -len(items) <= j < len(items):
-            raise self.error("index %d is out of range: there %s %d" % (j, "is" if len(items) == 1 else "are", len(items)), node)
+            raise self.error("index %d is out of range: there %s %d"
+                             % (j, "is" if len(items) == 1 else "are", len(items)), node)
         return items[j]
 
     def call(self, name: str, args: list, node: Node):
@@ -468,7 +469,8 @@ class Program:
         if name in FUNCTIONS:
             f = FUNCTIONS[name]
             if len(args) < f.min_args or (f.max_args is not None and len(args) > f.max_args):
-                raise self.error("%s takes %s, not %d: %s" % (name, _count(f.min_args, f.max_args), len(args), f.signature), node)
+                raise self.error("%s takes %s, not %d: %s"
+                                 % (name, _count(f.min_args, f.max_args), len(args), f.signature), node)
             return f.impl(self, *args)
         if self.rulebook is not None and self.rulebook.has_ruleset(name):
             if len(args) != 1:
@@ -482,7 +484,8 @@ class Program:
             if len(args) != op.arity:
                 raise self.error("%s takes %s, not %d" % (name, _count(op.arity, op.arity), len(args)), node)
             return T.make(name, [as_term(a, "an argument of %s" % name) for a in args])
-        scale = self.definitions.get(name) or self.symbols.get(name) or (self.dim_term(name) if name in self.dims else None)
+        scale = (self.definitions.get(name) or self.symbols.get(name)
+                 or (self.dim_term(name) if name in self.dims else None))
         if scale is not None and len(args) == 1:  # s(A + B) is the product s (A + B)
             return T.mul(as_term(scale), as_term(args[0]))
         raise self.error("unknown function %r%s" % (name, self._suggest_function(name)), node)

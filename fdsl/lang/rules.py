@@ -30,17 +30,17 @@ from pathlib import Path
 from lark import v_args
 from lark.exceptions import UnexpectedInput, VisitError
 
-from ..core import ops as O
 from ..base.errors import FdslError
 from ..base.inputs import read_source
-from .parse import Node, ToAst, _parser, syntax_error
-from ..core import terms as T
-from ..core.ops import ShapeError
-from ..rewrite.patterns import Bag, Num, Op, Seq, Var, Word, build, heads, variables
 from ..base.resources import stdlib_dir
 from ..calculus.backprop import backprop, normal
 from ..calculus.forms import order
+from ..core import ops as O
+from ..core import terms as T
+from ..core.ops import ShapeError
 from ..rewrite.engine import PREDICATES, Builtin, Engine, Rule, Strategy
+from ..rewrite.patterns import Bag, Num, Op, Seq, Var, Word, build, heads, variables
+from .parse import Node, ToAst, _parser, syntax_error
 
 
 @v_args(meta=True)
@@ -343,8 +343,10 @@ class RuleBook:
         display = _display_path(path)
 
         def err(message, node_or_item):
-            line = getattr(node_or_item, "line", None) or (node_or_item.get("line") if isinstance(node_or_item, dict) else None)
-            col = getattr(node_or_item, "col", None) or (node_or_item.get("col") if isinstance(node_or_item, dict) else None)
+            line = getattr(node_or_item, "line", None) or (node_or_item.get("line") if isinstance(node_or_item, dict)
+                                                           else None)
+            col = getattr(node_or_item, "col", None) or (node_or_item.get("col") if isinstance(node_or_item, dict)
+                                                         else None)
             return FdslError(message, display, line, col, text)
 
         for item in items:
@@ -405,7 +407,8 @@ class RuleBook:
         from ..core.functions import FUNCTIONS
 
         if name in O.OPS or name in FUNCTIONS:
-            raise err("%s %s would hide the %s %s" % (what, name, "operator" if name in O.OPS else "function", name), item)
+            raise err("%s %s would hide the %s %s"
+                      % (what, name, "operator" if name in O.OPS else "function", name), item)
 
     def _check_not_a_misspelling(self, name, what, err, item):
         """A new ruleset or strategy whose name is one letter or only case away from an existing
@@ -459,7 +462,8 @@ class RuleBook:
                     fn, arity, "" if arity == 1 else "s", name, len(params)), where)
         if opts["body"] is not None:
             template = _body_template(name, params, opts["body"], err)
-        O.register(O.Op(name, len(params), O.same_shape_args(name), linear=tuple(params.index(l) for l in opts["linear"]),
+        O.register(O.Op(name, len(params), O.same_shape_args(name),
+                        linear=tuple(params.index(l) for l in opts["linear"]),
                         numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
                         user=True, params=tuple(params)))
 
@@ -499,7 +503,8 @@ class RuleBook:
             gargs = tuple(compile_(a) for a in args)
             for n, k in set().union(*(variables(a) for a in gargs)) if gargs else ():
                 if n not in bound_names:
-                    raise FdslError("in a guard of %s, ?%s is not bound by the left side" % (name, n), display, line, col)
+                    raise FdslError("in a guard of %s, ?%s is not bound by the left side" % (name, n),
+                                    display, line, col)
             if len(gargs) != 1:
                 raise FdslError("predicate %s takes one argument" % pred, display, line, col)
             guards.append((negated, pred, gargs[0]))
@@ -513,7 +518,8 @@ class RuleBook:
             for inc in rs.includes + rs.excepts:
                 if inc not in self.rulesets:
                     raise FdslError("ruleset %s %s %s, which is not a ruleset"
-                                    % (rs.name, "includes" if inc in rs.includes else "leaves out", inc), rs.file, rs.line)
+                                    % (rs.name, "includes" if inc in rs.includes else "leaves out", inc),
+                                    rs.file, rs.line)
         for st in self.strategies.values():
             st.steps = [self._resolve_step(s, st) for s in st.steps]
 
@@ -594,7 +600,8 @@ class RuleBook:
             return "strategy %s (built in): %s" % (name, BUILTIN_STRATEGIES[name].doc)
         rs = self.rulesets[name]
         lines = ["ruleset %s%s%s  (%s:%d)" % (name, " includes " + ", ".join(rs.includes) if rs.includes else "",
-                                             " except " + ", ".join(rs.excepts) if rs.excepts else "", rs.file, rs.line)]
+                                             " except " + ", ".join(rs.excepts) if rs.excepts else "",
+                                             rs.file, rs.line)]
         lines += ["  %s  (%s)" % (r, r.where()) for r in rs.rules]
         return "\n".join(lines)
 

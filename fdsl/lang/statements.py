@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..core import printers
 from ..base.errors import FdslError
-from ..core.functions import describe, render
 from ..base.files import Print
+from ..core import printers
+from ..core.functions import describe, render
 from ..core.terms import Term
 
 
@@ -65,7 +65,8 @@ def _show(program, st):
             program.bound_shown.update(set(lets) & program.named_terms())
 
 
-@statement("rules", 'rules "FILE.rules"', "load a rule file (path relative to this program); its rulesets become functions")
+@statement("rules", 'rules "FILE.rules"',
+           "load a rule file (path relative to this program); its rulesets become functions")
 def _rules(program, st):
     (path,) = _args(program, st, 1, 1, 'rules "FILE.rules"')
     program.load_rules(program.resolve_path(_string_arg(path, "a rule file")))

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import terms as T
 from ..base.errors import FdslError
+from ..core import terms as T
 from ..core.functions import as_term, function
-from .metrics import EUCLIDEAN, GaussNewton, Kron, metric_of
 from ..core.printers import short
 from ..core.terms import Symbol, Term, postorder
+from .metrics import EUCLIDEAN, GaussNewton, Kron, metric_of
 
 
 class Overlay(Mapping):
@@ -347,8 +347,8 @@ class Flows(dict):
 
 def flows_of(program, w, values=None, evaluator=None, what: str = "the form") -> Flows:
     """The flow of the 1-form ``w`` under the program's metric, at the program's values."""
-    from ..backends.values import program_evaluator, program_values
     from ..backends.numpy_grad import coefficients, gradients, normal_form
+    from ..backends.values import program_evaluator, program_values
 
     w = normal_form(program, w, what)
     weights = list(coefficients(program, w, what))

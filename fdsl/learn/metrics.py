@@ -45,8 +45,8 @@ from typing import Optional
 from ..base.errors import FdslError
 from ..core.functions import as_int, as_term, describe
 from ..core.printers import short
-from ..lang.statements import statement
 from ..core.terms import Symbol, Term
+from ..lang.statements import statement
 
 DEFAULT_TOL = 1e-10
 
@@ -174,8 +174,10 @@ def _spec(program, node, targets):
             raise program.error("kron takes 2 arguments, L and R, not %d" % len(node.args), node)
         left, right = (_factor(program, a, w) for a, w in zip(node.args, ("L", "R")))
         for name, pattern, shape, label in targets:
-            for factor, side, which, a in ((left, shape[0], "rows", node.args[0]), (right, shape[1], "columns", node.args[1])):
-                if not factor.scalar and not (_same(program, factor.shape[0], side) and _same(program, factor.shape[1], side)):
+            for factor, side, which, a in ((left, shape[0], "rows", node.args[0]),
+                                           (right, shape[1], "columns", node.args[1])):
+                if not factor.scalar and not (_same(program, factor.shape[0], side)
+                                              and _same(program, factor.shape[1], side)):
                     raise program.error("kron(L, R) on %s (%s x %s): %s is (%s x %s), not square in its %s (%s)"
                                         % ((label,) + tuple(shape) + (short(factor),)
                                            + tuple(factor.shape) + (which, side)), a)

@@ -26,13 +26,13 @@ from typing import Optional
 
 import numpy as np
 
-from ..core import terms as T
-from ..base.errors import FdslError
-from ..core.functions import as_int, describe, function
-from ..calculus.gradients import error_of
-from ..core.terms import Term
 from ..backends.values import SAVERS
+from ..base.errors import FdslError
 from ..base.files import Write, target_of
+from ..calculus.gradients import error_of
+from ..core import terms as T
+from ..core.functions import as_int, describe, function
+from ..core.terms import Term
 from ..lang.statements import _leftmost, _split_leading_string, statement
 from .watch import Log, csv_write, measure, plot_write, watch_terms
 
@@ -53,8 +53,8 @@ class Trainer:
     recording the loss and the watched quantities at every step."""
 
     def __init__(self, program, w, what: str = "the form", watches=()):
-        from ..backends.values import program_evaluator
         from ..backends.numpy_grad import coefficients, normal_form, symbol_leaves
+        from ..backends.values import program_evaluator
         from .flow import Dualizer
 
         self.program = program

@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import terms as T
 from ..base.errors import FdslError
+from ..core import terms as T
 from ..core.functions import describe
 from ..core.terms import Term
 

@@ -24,7 +24,6 @@ is 2 if any input failed, so scripts and CI can use it.
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
 import re
@@ -210,7 +209,7 @@ def _diagram(session, arg):
         os.close(fd)
     arg = expr
     try:
-        backend = importlib.import_module("fdsl.backends.graphviz")
+        from ..backends import graphviz as backend
     except ImportError:
         backend = None
     draw = getattr(backend, "diagram_command", None)

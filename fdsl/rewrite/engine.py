@@ -29,13 +29,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+from ..base.errors import FdslError, Loop, StepLimit
+from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
 from ..core import alpha
 from ..core import terms as T
-from ..base.errors import FdslError, Loop, StepLimit
 from ..core.ops import OPS, ShapeError
-from .patterns import Bag, Op, Run, Seq, Var, Word, build, builder, heads, matcher, quick_test
 from ..core.terms import Term
-from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
+from .patterns import Bag, Op, Run, Seq, Var, Word, build, builder, heads, matcher, quick_test
 
 _STEP_SHARE = 50
 PROGRESS_EVERY = 512  # steps between updates of the progress line
@@ -481,7 +481,8 @@ class Engine:
                 t = self._run_step(s, t, stepper)
             return t
         if kind == "builtin":
-            return self.book.builtins[x].run(t, lambda name, term: self._run_step(self.book.step_of(name), term, stepper))
+            return self.book.builtins[x].run(t, lambda name, term: self._run_step(self.book.step_of(name), term,
+                                                                                   stepper))
         if kind == "bottomup":
             return self._run_step(x, t, stepper)
         if kind in ("topdown", "once"):

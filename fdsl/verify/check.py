@@ -42,14 +42,14 @@ from typing import Optional
 
 import numpy as np
 
-from ..core import ops as O
-from ..rewrite import patterns as P
-from ..core import terms as T
 from ..base.errors import FdslError
+from ..core import ops as O
+from ..core import terms as T
 from ..core.ops import ShapeError
 from ..core.printers import text
-from ..rewrite.engine import PREDICATES, Rule, guard_value
 from ..core.terms import Symbol, Term
+from ..rewrite import patterns as P
+from ..rewrite.engine import PREDICATES, Rule, guard_value
 
 TOLERANCE = 1e-6  # the finite differences agree to about 1e-9; a wrong rule is off by O(1)
 FLOOR = 1e-6  # norms below this count as zero when comparing

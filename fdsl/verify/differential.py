@@ -51,14 +51,13 @@ from typing import Optional
 
 import numpy as np
 
-from ..core import terms as T
-from ..backends import codegen
-from ..backends import torch_eval
+from ..backends import codegen, torch_eval
 from ..backends.numpy_eval import Evaluator, NonFinite, NotDifferentiable
-from ..backends.values import program_values
 from ..backends.numpy_grad import gradients, symbol_leaves
+from ..backends.values import program_values
 from ..base.errors import FdslError
 from ..calculus.forms import weights
+from ..core import terms as T
 from ..lang.program import parse
 
 #: the normal forms every case is lowered from: name -> strategies applied in turn

@@ -43,9 +43,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ..core import terms as T
-from .differential import Report, check
 from ..core.ops import OPS
 from ..lang.program import parse
+from .differential import Report, check
 
 DIMS = ("n", "d", "k")
 SIDES = DIMS + (1,)

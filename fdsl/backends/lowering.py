@@ -1,0 +1,887 @@
+"""The lowering: terms to the statements of one straight-line function, shared work done once.
+
+Vocabulary
+----------
+outputs      the terms to compute, by name: for gradients, ``G_W^t`` for every weight W of a normal
+             form ``w = sum_W trace(G_W d(W))`` (``gradient_terms``), keyed by printed weight name.
+lowering     the outputs turned into Python source: one statement per distinct computation, in
+             topological order of the shared term graph of all outputs (looking through ``let``
+             bodies), so the forward sweep (X_1, X_2, ...) and the backward sweep (the adjoints
+             G_i of ``backprop``) are each done once, whatever number of outputs share them.
+base         a term with its transposes and ``let`` names stripped: ``X_1``, ``X_1^t`` and the body
+             of X_1 have one base. Each base is computed once; transposes are views (``.T``).
+ref          how a term is read from the generated variables: a variable, transposed or not; scalar
+             terms are Python floats (literals when they are constants such as ``s = k^(-1/2)``).
+word         the matrix factors of a product as (base, transposed) pairs; its scalar factors stand
+             apart and are multiplied in last, into the smallest of the two operands of the last
+             multiplication or its result.
+sub-word     a contiguous run of a word. Sub-words are shared between products up to transposition
+             (``Q^t X^t`` is ``(X Q)^t``): each distinct one is computed at most once.
+chain order  a product is bracketed by dynamic programming on the numeric sizes (the matrix-chain
+             problem), where a sub-word already computed costs nothing and one that k products
+             contain costs 1/k of its work (it is done once for all of them).
+storage      a base may be computed transposed when its consumers read it that way: the mask of
+             ``mm`` and the elementwise operands beside it are then read contiguously.
+
+Besides products, the lowering knows the operators whose derivatives share work: ``mm(A, B) =
+[A > 0] o B`` computes the mask ``A > 0`` once per distinct A, and ``aa(A, B)`` reuses ``a(A)``
+(the softmax S, from the forward sweep when it is there, else computed once per distinct A). Sums
+whose summand is ``C r`` with C a column of ones add the row r by broadcasting, and products with
+a ones vector at an end are row or column sums. Every other operator is lowered through its numpy
+template in the operator table (``fdsl.core.ops.OPS[op].numpy``, placeholders as in
+``numpy_eval._compile``), so an operator declared by a rule file works here too.
+
+The module around these statements (imports, the runtime helpers, the torch training classes)
+is written by ``fdsl.backends.codegen``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import re
+from fractions import Fraction
+from typing import Mapping, NamedTuple, Optional
+
+from ..base.errors import FdslError
+from ..core import terms as T
+from ..core.ops import OPS
+from ..core.printers import short
+from ..core.terms import Term, postorder
+from .source import _indent, _natural, docstring_literal
+from .targets import DTYPES, TARGETS
+
+#: size assumed for a dim without one when choosing the order of products
+_GUESSED_SIZE = 64
+
+
+def nodes(roots) -> list:
+    """Every distinct node under any of ``roots`` (through let bodies) once, children first."""
+    out, seen = [], set()
+    for root in roots:
+        for node in postorder(root, descend=lambda x: x not in seen):
+            if node not in seen:
+                seen.add(node)
+                out.append(node)
+    return out
+
+
+# ---- refs, statements and words -----------------------------------------------------------------
+
+
+class _Ref(NamedTuple):
+    var: str  # a variable, or a literal for constant scalars
+    flip: bool = False  # the value is var.T
+    scalar: bool = False
+
+    def expr(self) -> str:
+        # .mT swaps the last two axes (numpy >= 2 and torch alike): a batch of matrices works too
+        return self.var + ".mT" if self.flip and not self.scalar else self.var
+
+    def t(self) -> "_Ref":
+        return self if self.scalar else _Ref(self.var, not self.flip, False)
+
+
+class _Stmt(NamedTuple):
+    target: Optional[str]
+    code: str
+    uses: tuple  # the variables read, for deleting them after their last use
+
+
+def canon(t: Term) -> tuple:
+    """(base, transposed): ``t`` is the base, or its transpose, with let names looked through."""
+    flip = False
+    while t.op in ("t", "let"):
+        if t.op == "t":
+            flip = not flip
+        t = t.args[0]
+    return t, flip
+
+
+_TEMP = re.compile(r"t\d+\Z")
+# Names the generated module gives a meaning of its own: its imports, its globals and functions,
+# the builtins. A symbol called INPUTS or grads gets a variable with a suffix (INPUTS_2): a local
+# of the name would hide the global from the function reading it (UnboundLocalError).
+_RESERVED = {"np", "torch", "math", "values", "INPUTS", "DTYPE", "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS",
+             "SHAPES", "DATA", "grads", "grads_and_loss", "loss", "FdslLoss", "Model"} | set(dir(builtins))
+
+
+# ---- the lowering -------------------------------------------------------------------------------
+
+
+class Lowering:
+    """Lower ``outputs`` (name -> term) to the body of ``grads(values)``; see the module doc."""
+
+    def __init__(self, outputs: Mapping, dims: Optional[Mapping] = None, target: str = "numpy",
+                 dtype: Optional[str] = None, loss: Optional[Term] = None):
+        if target not in TARGETS:
+            raise FdslError("unknown target %r: the targets are %s" % (target, ", ".join(TARGETS)))
+        if dtype is not None and dtype not in DTYPES:
+            raise FdslError("unknown dtype %r: the dtypes are %s" % (dtype, ", ".join(DTYPES)))
+        self.target, self.dtype = TARGETS[target], dtype
+        self.outputs = dict(outputs)
+        self.loss = loss  # E: the module also returns 1/2 ||E||^2 (the loss of form(E))
+        self.sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
+        self.module_consts: list = []  # (var, code): built once, at import
+        self.inputs: list = []  # statements reading values[...]
+        self.array_inputs: dict = {}  # variable -> printed name, of the matrix inputs
+        self.batch_inputs: set = set()  # the variables of inputs that may carry a batch axis
+        self.dim_stmts: list = []  # sizes read off input shapes
+        self.runtime_consts: list = []  # constants whose shape has a dim known only at call time
+        self.body: list = []  # _Stmt, in topological order
+        self.refs: dict = {}  # base -> _Ref
+        self.names: set = set(_RESERVED)
+        self.counter = 0
+        self.avail: dict = {}  # canonical sub-word key -> (var, flip)
+        self.masks: dict = {}  # base -> variable holding (value of base > 0) in its storage
+        self.softmaxes: dict = {}  # (base, flip) -> _Ref of the row softmax of that argument
+        self.const_memo: dict = {}
+        self.flops = 0  # multiply-adds of the matrix products, for reports
+        self.runtime_dims: dict = {}  # dim name -> variable
+        self.let_names: dict = {}  # base -> the name of a let bound to it (X_1, G_7): its variable
+        self._comments: dict = {}  # variable -> the binding it computes, for the reader
+        self.nodes = nodes(list(self.outputs.values()) + ([loss] if loss is not None else []))
+        for n in self.nodes:
+            if n.op == "let":
+                base, flip = canon(n.args[0])
+                if not flip and base not in self.let_names:
+                    name, index = n.data
+                    self.let_names[base] = name + "".join("_%d" % i for i in index)
+        self._order()
+
+    # -- names
+
+    def _fresh(self, hint: Optional[str] = None) -> str:
+        if hint is not None:
+            base = re.sub(r"\W", "_", hint)
+            if not base.isidentifier() or keyword.iskeyword(base) or base.startswith("_") or _TEMP.match(base):
+                base = "v_" + base
+            name, i = base, 1
+            while name in self.names:
+                i += 1
+                name = "%s_%d" % (base, i)
+            self.names.add(name)
+            return name
+        while True:
+            self.counter += 1
+            name = "t%d" % self.counter
+            if name not in self.names:
+                self.names.add(name)
+                return name
+
+    # -- sizes and constants
+
+    def size(self, dim) -> Optional[int]:
+        if isinstance(dim, int):
+            return dim
+        return self.sizes.get(dim)
+
+    def _guess(self, dim) -> int:
+        s = self.size(dim)
+        return s if s is not None else _GUESSED_SIZE
+
+    def _dim_code(self, dim) -> tuple:
+        """(code for the size of ``dim``, whether it is known only at call time)."""
+        s = self.size(dim)
+        if s is not None:
+            return str(s), False
+        var = self.runtime_dims.get(dim)
+        if var is None:
+            var = self.runtime_dims[dim] = self._bind_dim(dim)
+        return var, True
+
+    def _bind_dim(self, dim) -> str:
+        for stmt, shape in self._input_shapes:
+            for axis, side in enumerate(shape):
+                if side == dim:
+                    var = self._fresh("n_" + dim)
+                    self.dim_stmts.append(_Stmt(var, "%s = %s.shape[%d]" % (var, stmt, axis), ()))
+                    return var
+        raise FdslError("dim %s has no size, and no input whose shape has it: declare it with one "
+                        "(dim %s = 8) to generate code" % (dim, dim))
+
+    def _shape_code(self, shape) -> tuple:
+        parts = [self._dim_code(side) for side in shape]
+        return "(%s)" % ", ".join(p for p, _ in parts), any(r for _, r in parts)
+
+    def _constant(self, make: str, shape, hint) -> _Ref:
+        """A constant array ``ones(shape)``, ``zeros(shape)`` or ``eye(rows)`` (``make``) in the
+        working dtype: built once per dtype (and device) when its size is known."""
+        parts = [self._dim_code(side) for side in shape]
+        runtime = any(r for _, r in parts)
+        args = parts[0][0] if make in ("eye", "causal") else "(%s)" % ", ".join(p for p, _ in parts)
+        var = self._fresh(hint)
+        stmt = (var, "%s = %s" % (var, self.target.constant(make, args)))
+        (self.runtime_consts if runtime else self.module_consts).append(stmt)
+        return _Ref(var)
+
+    def const_scalar(self, t: Term) -> Optional[float]:
+        """The value of a scalar term built only from numbers, dims with sizes and scalars with
+        constant values (``s = k^(-1/2)``), or None."""
+        if t in self.const_memo:
+            return self.const_memo[t]
+        value = None
+        if t.scalar and all(self._constant_leaf(leaf) for leaf in postorder(t) if leaf.op == "sym"):
+            from .numpy_eval import Evaluator  # lazily: only scalars need the interpreter
+
+            value = float(Evaluator({}, self.sizes).value(t)[0, 0])
+        self.const_memo[t] = value
+        return value
+
+    def _constant_leaf(self, leaf: Term) -> bool:
+        symbol = leaf.data[0]
+        if symbol.kind == "dim":
+            return self.size(symbol.name) is not None or isinstance(symbol.value, int)
+        if symbol.kind == "scalar" and isinstance(symbol.value, Term):
+            return self.const_scalar(symbol.value) is not None
+        return False
+
+    # -- the order of computation
+
+    def _summand(self, s: Term) -> tuple:
+        """(sign, broadcast, term) of a summand: ``-X`` is subtracted, ``C r`` (C a column of
+        ones, r a row) is the row r added by broadcasting."""
+        sign = 1
+        c, rest = T.coefficient(s)
+        if c == -1 and not rest.scalar:
+            sign, s = -1, rest
+        if s.op == "mul" and len(s.args) == 2 and self._ones(s.args[0]) and s.args[0].shape[1] == 1 \
+                and not s.args[1].scalar:
+            return sign, True, s.args[1]
+        return sign, False, s
+
+    @staticmethod
+    def _ones(t: Term) -> bool:
+        base, _ = canon(t)
+        return base.op == "ones" or (base.op == "sym" and base.data[0].value == "ones")
+
+    def _deps(self, b: Term) -> list:
+        """The bases the statement computing base ``b`` reads."""
+        if b.scalar and self.const_scalar(b) is not None:
+            return []
+        op = b.op
+        if op == "sym":
+            value = b.data[0].value
+            return [canon(value)[0]] if isinstance(value, Term) else []
+        if op == "add" and not b.scalar:
+            return [canon(self._summand(s)[2])[0] for s in b.args]
+        if op == "aa":
+            a, fa = canon(b.args[0])
+            extra = [self._softmax_nodes[(a, fa)]] if (a, fa) in self._softmax_nodes else []
+            return [a, canon(b.args[1])[0]] + extra
+        return [canon(x)[0] for x in b.args if not (x.scalar and self.const_scalar(x) is not None)]
+
+    def _order(self):
+        """Every base the outputs need, children first (iteratively: terms can be deep)."""
+        self._softmax_nodes = {}
+        for n in self.nodes:
+            if n.op == "a":
+                self._softmax_nodes.setdefault(canon(n.args[0]), n)
+        # Roots that need fewer named intermediates beneath them first: for a deep encoder, the
+        # weights of the last layer (after the forward sweep), then each layer's as soon as its
+        # adjoint G_i is known, so that the values of a layer can be freed once it is done.
+        rank: dict = {}
+        for n in self.nodes:
+            rank[n] = max((rank[c] for c in n.args), default=0) + (n.op == "let")
+        roots = sorted(self.outputs.values(), key=lambda t: rank[t])
+        if self.loss is not None:
+            roots.insert(0, self.loss)  # E: known after the forward sweep
+        order, seen = [], set()
+        stack = [(canon(t)[0], False) for t in reversed(roots)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            for child in reversed(self._deps(node)):
+                if child not in seen:
+                    stack.append((child, False))
+        self.order = order
+        # the bases that vary per example: those computed from a constant input (X0, Y), which
+        # may carry a batch axis; a sum is accumulated into one of them (see _sum)
+        self.batched = set()
+        for b in order:
+            if (b.op == "sym" and self._is_input(b) and b.data[0].kind == "const") or \
+                    any(c in self.batched for c in self._deps(b)):
+                self.batched.add(b)
+        # the words of all products, to share their sub-words (counted once per product)
+        self.uid = {b: i for i, b in enumerate(order)}
+        self.counts: dict = {}
+        self.words: dict = {}
+        for b in order:
+            if b.op == "mul" and not b.scalar:
+                word = self._word(b)[2]
+                self.words[b] = word
+                keys = set()
+                for i in range(len(word)):
+                    for j in range(i + 1, len(word)):
+                        keys.add(self._key(word[i:j + 1])[0])
+                for k in keys:
+                    self.counts[k] = self.counts.get(k, 0) + 1
+        self._storage()
+        # inputs: read first, so that dims known only at call time can be taken from their shapes
+        self._input_shapes = []
+        for b in order:
+            if b.op == "sym" and self._is_input(b):
+                self.refs[b] = self._input(b)
+
+    def _storage(self):
+        """Which bases to compute transposed: ``mm(A, B)`` is computed in the frame where the mask
+        of A is stored contiguously, and a product or sum B is computed in that frame too (either
+        orientation costs the same), so the elementwise product reads both operands in order. A
+        product that is an output is computed in the orientation it is returned in."""
+        self.store_flip: dict = {}
+        for t in self.outputs.values():  # outputs come out contiguous, when they are products
+            b, f = canon(t)
+            if b.op == "mul":
+                self.store_flip.setdefault(b, f)
+        for b in reversed(self.order):  # consumers before producers
+            if b.op != "mm":
+                continue
+            a, fa = canon(b.args[0])
+            frame = fa ^ self.store_flip.get(a, False)
+            x, fx = canon(b.args[1])
+            if x.op in ("mul", "add") and x not in self.store_flip:
+                self.store_flip[x] = fx ^ frame
+
+    # -- words of products
+
+    def _word(self, b: Term) -> tuple:
+        """(numeric coefficient, scalar factors, matrix word) of a product."""
+        coeff = 1.0
+        scalars, word = [], []
+        for f in b.args:
+            if f.scalar:
+                c = self.const_scalar(f)
+                if c is not None:
+                    coeff *= c
+                else:
+                    scalars.append(f)
+            else:
+                word.append(canon(f))
+        return coeff, scalars, word
+
+    def _key(self, word) -> tuple:
+        """(canonical key of a word up to transposition, whether the word is its transpose)."""
+        key = tuple((self.uid[b], f) for b, f in word)
+        tkey = tuple((u, not f) for u, f in reversed(key))
+        return (key, False) if key <= tkey else (tkey, True)
+
+    def _oriented_shape(self, factor) -> tuple:
+        b, f = factor
+        r, c = b.shape
+        return (c, r) if f else (r, c)
+
+    # -- emission
+
+    def lower(self):
+        for b in self.order:
+            if b not in self.refs:
+                self.refs[b] = self._emit(b)
+        results = {}
+        device = ", _dev" if self.target.device else ""
+        inputs = {s.target for s in self.inputs}
+        handed_out: set = set()
+        for name, t in self.outputs.items():
+            ref = self.ref(t)
+            # (code without a batch, code with one): a gradient is summed over a batch
+            if ref.scalar:
+                shape, _ = self._shape_code(t.shape)
+                code = "_full(%s, %s, _nb, _dt%s)" % (shape, ref.var, device)
+                results[name] = ((code, code), (ref.var,))
+            elif (ref.var in self._module_vars() or ref.var in self._runtime_const_vars() or ref.var in inputs
+                  or ref.var in handed_out):
+                # never hand out a constant, the caller's own array, or one array as two results
+                code = "_copy(%s)" % ref.expr()
+                results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
+            else:
+                results[name] = ((ref.expr(), "_total(%s, _nb)" % ref.expr()), (ref.var,))
+                handed_out.add(ref.var)
+        return results
+
+    def ref(self, t: Term) -> _Ref:
+        b, f = canon(t)
+        if t.scalar:
+            c = self.const_scalar(t)
+            if c is not None:
+                return _Ref(repr(c), False, True)
+        r = self.refs[b]
+        return r.t() if f else r
+
+    def _emit_stmt(self, target, code, uses):
+        self.body.append(_Stmt(target, code, tuple(u for u in uses if u.isidentifier())))
+
+    def _new(self, b: Optional[Term], code_of_target, uses, scalar=False, flip=False) -> _Ref:
+        var = self._fresh(self._hint(b))
+        self._emit_stmt(var, code_of_target(var), uses)
+        return _Ref(var, flip, scalar)
+
+    def _hint(self, b: Optional[Term]) -> Optional[str]:
+        return self.let_names.get(b)
+
+    def _is_input(self, b: Term) -> bool:
+        symbol = b.data[0]
+        return symbol.kind != "dim" and symbol.value is None
+
+    def _input(self, b: Term) -> _Ref:
+        symbol, shape = b.data
+        name = symbol.printed()
+        var = self._fresh(name)
+        if b.scalar:  # declared scalars and scalar weights
+            self.inputs.append(_Stmt(var, "%s = _scalar(values, %r)" % (var, name), ()))
+            return _Ref(var, False, True)
+        self._input_shapes.append((var, shape))
+        known = [self.size(side) for side in shape]
+        shape_code = "(%s)" % ", ".join(str(s) for s in known) if None not in known else "None"
+        batched = symbol.kind == "const"  # a constant may vary per example; a weight may not
+        self.array_inputs[var] = name
+        if batched:
+            self.batch_inputs.add(var)
+        device = ", _dev" if self.target.device else ""
+        self.inputs.append(_Stmt(var, "%s = _input(values, %r, %s, %s, _dt%s)" % (var, name, shape_code, batched,
+                                                                                    device), ()))
+        return _Ref(var)
+
+    def _emit(self, b: Term) -> _Ref:
+        if b.scalar:
+            c = self.const_scalar(b)
+            if c is not None:
+                return _Ref(repr(c), False, True)
+        op = b.op
+        if op == "sym":
+            return self._symbol(b)
+        if op == "num":
+            return _Ref(repr(float(b.data)), False, True)
+        if op == "zero":
+            return self._constant("zeros", b.data, "zeros")
+        if op == "eye":
+            return self._constant("eye", (b.data, b.data), "eye")
+        if op == "ones":
+            return self._constant("ones", b.data, "ones")
+        if op == "d":
+            raise FdslError("cannot generate code for %s: a differential has no numeric value; generate "
+                            "the coefficients of a normal form instead" % short(b))
+        if b.scalar:
+            return self._scalar_op(b)
+        if op == "mul":
+            return self._product(b)
+        if op == "add":
+            return self._sum(b)
+        if op == "mm":
+            return self._mm(b)
+        if op == "aa":
+            return self._aa(b)
+        if op == "a":
+            a, fa = canon(b.args[0])
+            ref = self._template(b)
+            self.softmaxes.setdefault((a, fa), ref)
+            return ref
+        return self._template(b)
+
+    def _symbol(self, b: Term) -> _Ref:
+        symbol, shape = b.data
+        if symbol.kind == "dim":
+            code, _ = self._dim_code(symbol.name)
+            return _Ref("float(%s)" % code, False, True)
+        if symbol.value == "ones":
+            return self._constant("ones", shape, symbol.printed())
+        if symbol.value == "identity":
+            return self._constant("eye", shape, symbol.printed())
+        if symbol.value == "causal":
+            return self._constant("causal", shape, symbol.printed())
+        if isinstance(symbol.value, Term):
+            return self.ref(symbol.value)
+        return self.refs[b]
+
+    def _scalar_op(self, b: Term) -> _Ref:
+        args = [self.ref(x) for x in b.args]
+        uses = [a.var for a in args]
+        if b.op == "add":
+            code = " + ".join("(%s)" % a.var for a in args)
+        elif b.op == "mul":
+            code = " * ".join("(%s)" % a.var for a in args)
+        elif b.op == "pow":
+            code = "(%s) ** %r" % (args[0].var, float(b.data))
+        elif b.op == "trace":
+            code = "_trace(%s)" % args[0].expr()
+        else:  # a template on 1 x 1 arrays, read back as a number
+            arrays = [_Ref(self.target.constant("full", "(1, 1), %s" % a.var)) if a.scalar else a for a in args]
+            code = "_as_float(%s)" % self._template_code(b, arrays)
+        return self._new(b, lambda v: "%s = %s" % (v, code), uses, scalar=True)
+
+    def _template_code(self, b: Term, args) -> str:
+        spec = OPS.get(b.op)
+        template = self.target.template(spec, b.op) if spec is not None else None
+        if template is None:
+            raise FdslError("operator %s has no %s implementation, so code cannot be generated for %s%s"
+                            % (b.op, self.target.name, short(b), "" if self.target.name == "numpy" else
+                               " (its numpy template uses functions torch does not spell the same way)"))
+        exprs = [a.expr() for a in args]
+        data = repr(float(b.data)) if isinstance(b.data, Fraction) else repr(b.data)
+        try:
+            return template.format(*exprs, args=", ".join(exprs), args_sum=" + ".join(exprs),
+                                     args_had=" * ".join(exprs), value=data, exponent=data)
+        except (KeyError, IndexError) as e:
+            raise FdslError("the numpy template of operator %s, %r, uses an unknown placeholder %s"
+                            % (b.op, spec.numpy, e)) from None
+
+    def _template(self, b: Term) -> _Ref:
+        args = [self._matrix(self.ref(x)) for x in b.args]
+        code = self._template_code(b, args)
+        return self._new(b, lambda v: "%s = %s" % (v, code), [a.var for a in args])
+
+    # -- products
+
+    def _product(self, b: Term) -> _Ref:
+        coeff, scalars, word = self._word(b)
+        flip = self.store_flip.get(b, False)
+        if flip:  # compute the transpose: the reversed word, each factor transposed
+            word = [(x, not f) for x, f in reversed(word)]
+        scale = [repr(coeff)] if coeff != 1.0 else []
+        scale += [self.ref(s).var for s in scalars]
+        scale_code = " * ".join(scale)
+        if len(word) == 1:
+            x = self._factor(word[0])
+            if not scale:
+                return x.t() if flip else x
+            code = ("-%s" % x.expr()) if scale_code == "-1.0" else "%s * %s" % (scale_code, x.expr())
+            return self._new(b, lambda v: "%s = %s" % (v, code), [x.var] + scale, flip=flip)
+        split = self._plan(word)
+        self._release(word, split)
+        key, _ = self._key(word)
+        if not scale:
+            ref = self._interval(word, split, 0, len(word) - 1, self._hint(b))
+            return ref.t() if flip else ref
+        if key in self.avail or self.counts.get(key, 1) > 1:
+            # the unscaled product is (or will be) shared: compute it once, scale a copy
+            whole = self._interval(word, split, 0, len(word) - 1)
+            return self._new(b, lambda v: "%s = %s * %s" % (v, scale_code, whole.expr()),
+                             [whole.var] + scale, flip=flip)
+        s = split[0][len(word) - 1]
+        left = self._interval(word, split, 0, s)
+        right = self._interval(word, split, s + 1, len(word) - 1)
+        rows, inner, cols = (self._guess(d) for d in (self._oriented_shape(word[0])[0],
+                                                       self._oriented_shape(word[s])[1],
+                                                       self._oriented_shape(word[-1])[1]))
+        self.flops += rows * inner * cols
+        sizes = {"left": rows * inner, "right": inner * cols, "out": rows * cols}
+        # a side that is a vector of ones is not multiplied but summed over (_matmul): a scalar put
+        # on it would be lost, so it goes on the other side or the result
+        sizes.pop(self._ones_side(word[:s + 1], word[s + 1:]), None)
+        where = min(sizes, key=sizes.get)
+        lhs, rhs = left.expr(), right.expr()
+        uses = [left.var, right.var] + scale
+        if where == "left":
+            lhs = "(%s * %s)" % (scale_code, lhs)
+        elif where == "right":
+            rhs = "(%s * %s)" % (scale_code, rhs)
+        if where != "out":
+            return self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
+                                                                       left, right)), uses, flip=flip)
+        ref = self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
+                                                                  left, right)), uses, flip=flip)
+        self._emit_stmt(ref.var, "%s *= %s" % (ref.var, scale_code), [ref.var] + scale)
+        return ref
+
+    def _factor(self, factor) -> _Ref:
+        b, f = factor
+        r = self.refs[b]
+        return r.t() if f else r
+
+    def _release(self, word, split):
+        """Count this product out of the sub-words its bracketing does not compute: they are shared
+        with one product fewer than planned (so a later product does not take one of them at a
+        share of its cost that nobody else pays)."""
+        used = set()
+        stack = [(0, len(word) - 1)]
+        while stack:
+            i, j = stack.pop()
+            if i == j:
+                continue
+            used.add(self._key(word[i:j + 1])[0])
+            s = split[i][j]
+            if s is not None:
+                stack += [(i, s), (s + 1, j)]
+        for key in {self._key(word[i:j + 1])[0] for i in range(len(word)) for j in range(i + 1, len(word))} - used:
+            if self.counts.get(key, 0) > 1:
+                self.counts[key] -= 1
+
+    def _plan(self, word) -> list:
+        """split[i][j]: where the cheapest bracketing of word[i..j] splits it (None: available)."""
+        m = len(word)
+        p = [self._guess(self._oriented_shape(word[0])[0])] + [self._guess(self._oriented_shape(f)[1]) for f in word]
+        cost = [[0.0] * m for _ in range(m)]
+        split = [[None] * m for _ in range(m)]
+        for length in range(2, m + 1):
+            for i in range(m - length + 1):
+                j = i + length - 1
+                key, _ = self._key(word[i:j + 1])
+                if key in self.avail:
+                    continue  # already computed: free
+                best, where = None, None
+                for s in range(i, j):
+                    c = cost[i][s] + cost[s + 1][j] + p[i] * p[s + 1] * p[j + 1]
+                    if best is None or c < best:
+                        best, where = c, s
+                cost[i][j] = best / self.counts.get(key, 1)
+                split[i][j] = where
+        return split
+
+    def _interval(self, word, split, i, j, hint=None) -> _Ref:
+        if i == j:
+            return self._factor(word[i])
+        key, rel = self._key(word[i:j + 1])
+        if key in self.avail:
+            var, f = self.avail[key]
+            return _Ref(var, f ^ rel)
+        s = split[i][j]
+        left = self._interval(word, split, i, s)
+        right = self._interval(word, split, s + 1, j)
+        self.flops += (self._guess(self._oriented_shape(word[i])[0]) * self._guess(self._oriented_shape(word[s])[1])
+                       * self._guess(self._oriented_shape(word[j])[1]))
+        var = self._fresh(hint)
+        code = self._matmul(left.expr(), right.expr(), word[i:s + 1], word[s + 1:j + 1], left, right)
+        self._emit_stmt(var, "%s = %s" % (var, code), [left.var, right.var])
+        self.avail[key] = (var, rel)
+        return _Ref(var)
+
+    def _ones_side(self, lword, rword) -> Optional[str]:
+        """Which side of the product ``lword rword`` is a single vector of ones (a column on the
+        right, a row on the left), so that the product is a row or column sum of the other side."""
+        if len(rword) == 1 and self._ones_factor(rword[0]) and self._oriented_shape(rword[0])[1] == 1:
+            return "right"
+        if len(lword) == 1 and self._ones_factor(lword[0]) and self._oriented_shape(lword[0])[0] == 1:
+            return "left"
+        return None
+
+    def _matmul(self, lhs, rhs, lword, rword, left, right) -> str:
+        """``lhs @ rhs``, or a row or column sum when one side is a single vector of ones (whose
+        expression must then be the plain vector: nothing on that side is read)."""
+        side = self._ones_side(lword, rword)
+        if side == "right":
+            assert rhs == right.expr(), "a scaled vector of ones would be summed away"
+            return self._sum_axis(left, 1, lhs)
+        if side == "left":
+            assert lhs == left.expr(), "a scaled vector of ones would be summed away"
+            return self._sum_axis(right, 0, rhs)
+        return "%s @ %s" % (lhs, rhs)
+
+    @staticmethod
+    def _ones_factor(factor) -> bool:
+        b, _ = factor
+        return b.op == "ones" or (b.op == "sym" and b.data[0].value == "ones")
+
+    def _sum_axis(self, ref: _Ref, axis: int, expr: str) -> str:
+        """The sum of the columns (axis 0) or rows (axis 1) of a matrix, kept 2-d; counted from
+        the end (-2, -1), so that a batch of matrices is summed matrix by matrix."""
+        if expr != ref.expr():  # scaled: sum the expression as it is
+            return self.target.sum_axis("(%s)" % expr, axis - 2)
+        if ref.flip:  # sum the stored array along the other axis: contiguous, then a view
+            return self.target.sum_axis(ref.var, -1 - axis) + ".mT"
+        return self.target.sum_axis(ref.var, axis - 2)
+
+    # -- sums and the derivatives of relu and softmax
+
+    def _sum(self, b: Term) -> _Ref:
+        flip = self.store_flip.get(b, False)
+        parts = []
+        for s in b.args:
+            sign, broadcast, t = self._summand(s)
+            ref = self.ref(t)
+            if flip:
+                ref = ref.t()
+            parts.append((broadcast, sign < 0, ref, canon(t)[0] in self.batched))
+        # full positive, full negative, rows: the first is full; among them, one that may carry a
+        # batch axis first, so that the rest can be added in place into it
+        parts.sort(key=lambda p: (p[0], not p[3], p[1]))
+        broadcast0, negative0, first, _ = parts[0]
+        uses = [p[2].var for p in parts]
+        if broadcast0:  # only rows: start from zeros of the full shape
+            zeros = self._constant("zeros", b.shape if not flip else b.shape[::-1], "zeros")
+            uses.append(zeros.var)
+            head, rest = zeros.var, parts
+        elif negative0:
+            head, rest = "-%s" % first.expr(), parts[1:]
+        else:
+            (_, neg1, second, _), rest = parts[1], parts[2:]
+            head = "%s %s %s" % (first.expr(), "-" if neg1 else "+", second.expr())
+        if rest and any(p[3] for p in rest) and (broadcast0 or not parts[0][3]):
+            # the head has no batch axis but a later part may: add that one out of place
+            i = next(i for i, p in enumerate(rest) if p[3])
+            _, negative, r, _ = rest[i]
+            head = "%s %s %s" % (head, "-" if negative else "+", r.expr())
+            rest = rest[:i] + rest[i + 1:]
+        ref = self._new(b, lambda v: "%s = %s" % (v, head), uses, flip=flip)
+        for _, negative, r, _ in rest:
+            self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
+        return ref
+
+    def _mask(self, a: Term) -> _Ref:
+        """The mask ``a > 0`` of a base, as stored (flip as the base's storage). A scalar base (the
+        number 1 of ``mm(eye(1), B)``, a trace) has no statement of its own: its mask is 1 x 1."""
+        var = self.masks.get(a)
+        if var is None:
+            stored = self._matrix(self.ref(a)) if a.scalar else self.refs[a]
+            var = self.masks[a] = self._fresh("mask_" + stored.var if stored.var.isidentifier() else None)
+            self._emit_stmt(var, "%s = %s > 0" % (var, stored.var), [stored.var])
+        return _Ref(var, False if a.scalar else self.refs[a].flip)
+
+    def _matrix(self, ref: _Ref) -> _Ref:
+        """``ref`` as a 1 x 1 array when it is a scalar (a Python number): an argument of a matrix
+        operator (mm, aa, a template) may be a scalar term such as eye(1) = 1 or trace(A)."""
+        if not ref.scalar:
+            return ref
+        return self._new(None, lambda v: "%s = np.full((1, 1), %s)" % (v, ref.var), [ref.var])
+
+    def _mm(self, b: Term) -> _Ref:
+        a, fa = canon(b.args[0])
+        mask = self._mask(a)
+        if fa:
+            mask = mask.t()
+        flip = mask.flip  # compute in the frame where the mask is contiguous
+        x = self._matrix(self.ref(b.args[1]))
+        if flip:
+            x = x.t()
+        return self._new(b, lambda v: "%s = %s * %s" % (v, mask.var, x.expr()), [mask.var, x.var], flip=flip)
+
+    def _aa(self, b: Term) -> _Ref:
+        a, fa = canon(b.args[0])
+        s = self.softmaxes.get((a, fa))
+        if s is None:  # no a(A) in the forward sweep: the softmax once per distinct A
+            arg = self._matrix(self.ref(b.args[0]))
+            s = self._new(None, lambda v: "%s = _softmax(%s)" % (v, arg.expr()), [arg.var])
+            self.softmaxes[(a, fa)] = s
+        x = self._matrix(self.ref(b.args[1]))
+        return self._new(b, lambda v: "%s = _aa_given(%s, %s)" % (v, s.expr(), x.expr()), [s.var, x.var])
+
+    # -- the module
+
+    def _module_vars(self) -> set:
+        return {v for v, _ in self.module_consts}
+
+    def _runtime_const_vars(self) -> set:
+        return {v for v, _ in self.runtime_consts}
+
+    def function_body(self, results, loss=None, name="grads") -> list:
+        """The lines of the sweep's body (the function ``name``): dtype, inputs, dims, constants,
+        the sweep with deletions, return (with ``loss``, the code of 1/2 ||E||^2, the pair
+        (gradients, loss))."""
+        inputs = sorted(self.inputs, key=lambda s: _natural(s.target))
+        dev = ", _dev" if self.target.device else ""
+        lines = ["%s = _dtype(values, INPUTS, DTYPE)" % ("_dt, _dev" if dev else "_dt")]
+        lines += [s.code for s in inputs]
+        examples = [s.target for s in inputs if s.target in self.batch_inputs]
+        lines.append("_nb = _batch(%s)" % ", ".join(examples) if examples else "_nb = 0")
+        if self.target.pieces and examples:
+            # a large batch goes through in pieces of a few examples (see targets: pieces)
+            lines.append("if _nb and _piece(_nb, EXAMPLE_SIZE, _dt):\n"
+                         "    return _in_pieces(%s, values, EXAMPLES, _piece(_nb, EXAMPLE_SIZE, _dt))" % name)
+        lines += [s.code for s in self.dim_stmts]
+        if self.module_consts:
+            targets = [v for v, _ in self.module_consts]
+            lines.append("%s = _constants(_dt%s)" % (", ".join(targets) + ("," if len(targets) == 1 else ""), dev))
+        lines += [code for _, code in self.runtime_consts]
+        keep = set(v for v, _ in self.module_consts) | {s.target for s in self.inputs}
+        keep |= {s.target for s in self.dim_stmts} | self._runtime_const_vars()
+        returned = {u for _, uses in results.values() for u in uses}
+        if loss is not None:
+            returned |= set(loss[1])
+        last = {}
+        for i, s in enumerate(self.body):
+            for u in s.uses:
+                last[u] = i
+        for i, s in enumerate(self.body):
+            comment = self._comments.get(s.target) if s.target and s.code.startswith(s.target + " = ") else None
+            if comment:
+                lines.append("# " + comment)
+            lines.append(s.code)
+            dead = sorted({u for u in s.uses if last.get(u) == i and u not in keep and u not in returned
+                           and u != s.target})
+            if dead:
+                lines.append("del " + ", ".join(dead))
+
+        def returned_value(batched: bool) -> str:
+            items = ["%r: %s" % (name, code[batched]) for name, (code, _) in results.items()]
+            if len(items) < 2:
+                value = "{%s}" % ", ".join(items)
+            else:
+                value = "{\n" + "".join("    %s,\n" % i for i in items) + "}"
+            return "return " + (value if loss is None else "%s, %s" % (value, loss[0]))
+
+        if examples:  # a batch: every gradient summed over it (one test, not one per gradient)
+            lines.append("if _nb:\n" + _indent(returned_value(True)))
+        lines.append(returned_value(False))
+        return lines
+
+    def example_size(self) -> int:
+        """Entries of the largest array that one example's sweep makes (dims without a size
+        guessed), for cutting a batch into pieces."""
+        return max((self._guess(b.shape[0]) * self._guess(b.shape[1]) for b in self.batched if b.shape),
+                   default=1)
+
+    def input_names(self) -> list:
+        """The printed names of the array inputs, in the order the module reads them."""
+        return [self.array_inputs[s.target] for s in sorted(self.inputs, key=lambda s: _natural(s.target))
+                if s.target in self.array_inputs]
+
+    def source(self, docstring: str, extra: str = "") -> str:
+        """The generated module (``extra``: more of it, after the functions)."""
+        results = self.lower()
+        loss = None
+        if self.loss is not None:
+            ref = self.ref(self.loss)
+            loss = ("_half_sq(%s, _nb)" % ref.expr(), (ref.var,))
+        for base, name in self.let_names.items():
+            ref = self.refs.get(base)
+            if ref is not None and not ref.scalar:
+                self._comments.setdefault(ref.var, "%s := %s" % (name, short(base, 110)))
+        target = self.target
+        out = [docstring_literal(docstring), ""] + list(target.imports) + ["", ""]
+        out.append("# ---- runtime helpers (fdsl.backends.%s_runtime) " % target.name + "-" * (46 - len(target.name)))
+        out.append("")
+        out.append(target.runtime())
+        out.append("")
+        out.append("")
+        out.append("# ---- constants " + "-" * 80)
+        out.append("")
+        out.append("DTYPE = %s  # None: compute in the dtype of the inputs" % target.dtype_code(self.dtype))
+        names = self.input_names()
+        out.append("INPUTS = %r  # the array inputs" % (tuple(names),))
+        if target.pieces and self.batch_inputs:
+            out.append("EXAMPLES = %r  # the inputs that may carry a batch axis"
+                       % (tuple(self.array_inputs[v] for v in sorted(self.batch_inputs, key=_natural)),))
+            out.append("EXAMPLE_SIZE = %d  # entries of the largest array of one example" % self.example_size())
+        if self.module_consts:
+            dev = ", _dev" if target.device else ""
+            out += ["_CONSTANTS: dict = {}", "", "",
+                    "def _constants(_dt%s):" % dev,
+                    '    """The constant arrays, built once per dtype%s."""' % (" and device" if dev else ""),
+                    "    got = _CONSTANTS.get(%s)" % ("(_dt, _dev)" if dev else "_dt"),
+                    "    if got is None:"]
+            out += ["        " + code for _, code in self.module_consts]
+            targets = [v for v, _ in self.module_consts]
+            out.append("        got = _CONSTANTS[%s] = (%s)" % ("(_dt, _dev)" if dev else "_dt",
+                                                         ", ".join(targets) + ("," if len(targets) == 1 else "")))
+            out.append("    return got")
+        out.append("")
+        out.append("")
+        body = [("    " + line).rstrip() if "\n" not in line else _indent(line)
+                for line in self.function_body(results, loss, "grads_and_loss" if loss is not None else "grads")]
+        if loss is not None:
+            out.append("def grads_and_loss(values: dict):")
+            out.append('    """(every gradient G_W^t by printed weight name, the loss 1/2 ||E||^2), from one sweep."""')
+            out.extend(body)
+            out += ["", ""]
+            body = ["    return grads_and_loss(values)[0]"]
+        out.append("def grads(values: dict) -> dict:")
+        out.append('    """Every gradient G_W^t of the form, by printed weight name; values: arrays by printed '
+                   'name."""')
+        out.extend(body)
+        if extra:
+            out += ["", "", extra.rstrip()]
+        out.append("")
+        return "\n".join(out)
