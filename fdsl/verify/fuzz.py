@@ -119,7 +119,7 @@ def operators() -> dict:
             found[op] = OpInfo(op, 1, True, origin.get(op), rows=True)
             continue
         if arity is None or not _keeps_shape(spec, weight, arity):
-            _UNCOVERED[op] = "its shape rule does not keep one common shape: teach fdsl/fuzz.py its shapes"
+            _UNCOVERED[op] = "its shape rule does not keep one common shape: teach fdsl/verify/fuzz.py its shapes"
             continue
         term = T.make(op, [weight] * arity)
         expanded = probe.apply_rules("expandAll", T.d(term))
