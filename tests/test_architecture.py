@@ -27,15 +27,16 @@ FLOORS = [
     ("backends",),
     ("learn",),
     ("verify",),
-    ("cli", "repl", "api", "compose", "__init__", "__main__"),  # the faces and the composition root
+    ("cli", "repl", "serve", "api", "compose", "__init__", "__main__"),  # the faces and the composition root
 ]
 FLOOR_OF = {folder: i for i, names in enumerate(FLOORS) for folder in names}
 # the printing hooks, and the pictures a term or a program shows of itself inline in a notebook
 HOOKS = {"__str__", "__repr__", "_repr_latex_", "_repr_html_", "_repr_svg_", "_repr_mimebundle_", "diagram", "deps"}
-# the faces may import one another only as written here (the CLI's repl command starts the repl)
+# the faces may import one another only as written here (the CLI's repl command starts the repl, its
+# serve command the server; the server's sessions are the repl's, and import the composition root)
 # (fdsl/__init__.py hands the composition root to fdsl.base.assembly; the CLI prints its version)
 FACES = {("cli", "repl"), ("cli", "api"), ("repl", "api"), ("__main__", "cli"), ("__init__", "api"),
-         ("__init__", "compose"), ("cli", "__init__")}
+         ("__init__", "compose"), ("cli", "__init__"), ("cli", "serve"), ("serve", "repl"), ("serve", "compose")}
 
 
 def module_name(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""The command line: ``fdsl run | grad | flow | train | rules | diagram | deps | codegen | repl``.
+"""The command line: ``fdsl run | grad | flow | train | rules | diagram | deps | codegen | repl | serve``.
 
 A thin layer over the library: parse arguments, call it, print errors as
 ``file:line:col: message`` and exit 2 on bad input. A traceback here is a bug. One module per
@@ -15,10 +15,10 @@ import threading
 
 from .. import __version__
 from ..base.errors import FdslError
-from . import codegen, diagram, flow, grad, repl, rules, run, train
+from . import codegen, diagram, flow, grad, repl, rules, run, serve, train
 
 # in the order --help lists them
-COMMANDS = (run, repl, diagram, grad, rules, train, codegen, flow)
+COMMANDS = (run, repl, serve, diagram, grad, rules, train, codegen, flow)
 
 # Elaboration recurses once per nested call of a user definition (encoder(64) nests 64 deep);
 # a big thread stack lets the depth limit in fdsl.lang.program, not the interpreter, decide.

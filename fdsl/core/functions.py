@@ -110,19 +110,35 @@ def render(value, known=()) -> str:
 # ---- the manual's three manifestations, and LaTeX -----------------------------------------------
 
 
+class Printed(str):
+    """What ``string(E)``, ``latex(E)`` and ``html(E)`` give: the text, which also remembers the term
+    it prints (``fdsl serve`` typesets that term rather than showing the text raw)."""
+
+    term: Term
+
+
+def _printed(text: str, term: Term) -> Printed:
+    out = Printed(text)
+    out.term = term
+    return out
+
+
 @function("string(E)", "the re-parseable form of E: parse(string(E)) == E")
 def _string(program, e):
-    return printers.string(as_term(e))
+    t = as_term(e)
+    return _printed(printers.string(t), t)
 
 
 @function("latex(E)", "E as LaTeX math")
 def _latex(program, e):
-    return printers.latex(as_term(e))
+    t = as_term(e)
+    return _printed(printers.latex(t), t)
 
 
 @function("html(E)", "E as an HTML fragment, in the manual's style")
 def _html(program, e):
-    return printers.html(as_term(e))
+    t = as_term(e)
+    return _printed(printers.html(t), t)
 
 
 @function("text(E)", "E as show prints it")

@@ -54,12 +54,21 @@ def _string_arg(value, what):
     return value
 
 
+@dataclass
+class Shown(Print):
+    """The output of ``show``: the text printed, and the value and expression it shows, for a face
+    that shows values its own way (``fdsl serve`` typesets a term, draws a ``depends`` path)."""
+
+    value: object = None
+    node: object = None
+
+
 @statement("show", "show EXPR[, EXPR...]", "print the value of each expression (an expression alone does the same)")
 def _show(program, st):
     for node in st.items:
         value = program.evaluate(node, {})
         program.last_shown = value  # the repl's _
-        program.effects.append(Print(render(value, program.bound_shown)))
+        program.effects.append(Shown(render(value, program.bound_shown), value, node))
         if isinstance(value, Term):
             lets = printers.bindings(value) + ([value] if value.op == "let" else [])
             program.bound_shown.update(set(lets) & program.named_terms())

@@ -388,7 +388,7 @@ class Session:
                 _help(self, asked.group(1))
             elif stripped.startswith(":"):
                 word, _, arg = stripped[1:].partition(" ")
-                find_command(word).run(self, arg.strip())
+                self.find_command(word).run(self, arg.strip())
             else:
                 # blank lines in front keep the line numbers of errors those of the whole input
                 self._feed("\n" * (line - 1) + joined(text), filename, hint=_shown_expression(text))
@@ -439,14 +439,25 @@ class Session:
             raise
         if program.last_shown is not None:
             program.definitions["_"] = program.last_shown  # _ is the last value shown
-        buf = io.StringIO()
         try:
-            from ..base.files import perform_all
-
-            perform_all(program.effects, buf, program)
+            self.perform(program.effects, hint)
         finally:
             program.effects.clear()
+
+    def perform(self, effects, hint: Optional[str] = None) -> None:
+        """Perform the effects of an input that succeeded: write its files, show its output (a
+        face other than the terminal, ``fdsl serve``, shows them its own way)."""
+        from ..base.files import perform_all
+
+        buf = io.StringIO()
+        try:
+            perform_all(effects, buf, self.program)
+        finally:
             self.show(buf.getvalue(), hint)
+
+    def find_command(self, word: str) -> "Command":
+        """The :command that ``word`` names (a face may put its own in place of one)."""
+        return find_command(word)
 
     # ---- output
     def say(self, text: str) -> None:

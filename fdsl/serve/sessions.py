@@ -1,0 +1,214 @@
+"""The server's side of the sessions: one worker process per page load, and its limits.
+
+Vocabulary
+----------
+session     what one page load talks to: an id (random, in every request the page makes), a worker
+            process (``fdsl.serve.worker``) and the worker's own folder under the server's folder.
+time limit  seconds one command may run. Past it the worker is interrupted (SIGINT: the command
+            stops, the session keeps its definitions); a worker that does not answer within
+            ``GRACE`` seconds more is killed and started afresh (FILE loaded again), and the reply
+            says so. Stop (the page's button) does the same at once.
+ended       a worker that exits on its own (killed for memory by the system, or a bug) is started
+            afresh on the next request, with a reply that says what happened: the server, and the
+            other sessions, go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+GRACE = 3.0  # seconds an interrupted command has to stop before its worker is killed
+START_LIMIT = 120.0  # seconds a worker may take to start and load FILE
+MAX_SESSIONS = 16  # past this, the session used least recently is closed
+
+
+class Options:
+    def __init__(self, file=None, step_limit=None, size_limit=None, time_limit=60.0, memory_limit=None):
+        self.file = str(Path(file).resolve()) if file else None
+        self.step_limit, self.size_limit = step_limit, size_limit
+        self.time_limit, self.memory_limit = time_limit, memory_limit
+
+
+class Worker:
+    """One session's worker process and the pipe to it; one request at a time."""
+
+    def __init__(self, options: Options, folder: Path):
+        self.options = options
+        self.folder = folder
+        self.lock = threading.Lock()  # one request at a time; stop() does not take it
+        self.busy = False
+        self.used = time.monotonic()
+        self.proc: Optional[subprocess.Popen] = None
+        self.first: list = []
+
+    def start(self) -> list:
+        """Start the worker; the items of loading FILE."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        o = self.options
+        cmd = [sys.executable, "-m", "fdsl.serve.worker", "--own", str(self.folder)]
+        for flag, value in (("--file", o.file), ("--step-limit", o.step_limit), ("--size-limit", o.size_limit),
+                            ("--memory-limit", o.memory_limit)):
+            if value is not None:
+                cmd += [flag, str(value)]
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", FDSL_PROGRESS="0")
+        # a session of its own: Ctrl-C in the server's terminal is the server's, not the workers'
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     encoding="utf-8", start_new_session=True, env=env)
+        self.replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, args=(self.proc, self.replies), daemon=True).start()
+        reply = self._receive(START_LIMIT)
+        if reply is None:
+            self.kill()
+            return [error("the session could not start (its worker ended or took more than %d s)" % START_LIMIT)]
+        return reply.get("items", [])
+
+    @staticmethod
+    def _read(proc, replies) -> None:
+        for line in proc.stdout:
+            try:
+                replies.put(json.loads(line))
+            except ValueError:
+                continue
+        replies.put(None)  # the worker ended
+
+    def _receive(self, timeout: float):
+        try:
+            return self.replies.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def request(self, message: dict, time_limit: Optional[float]) -> dict:
+        """Send one request and wait for its reply, within the time limit."""
+        with self.lock:
+            self.used = time.monotonic()
+            if self.proc is None or self.proc.poll() is not None:
+                items = self.restart("the session had ended")
+                if message.get("op") == "reset":
+                    return {"items": items, "ok": True}
+            self.busy = True
+            try:
+                self.proc.stdin.write(json.dumps(message) + "\n")
+                self.proc.stdin.flush()
+                try:
+                    reply = self._receive(time_limit if time_limit else 1e9)
+                except TimeoutError:
+                    self.interrupt()
+                    try:
+                        reply = self._receive(GRACE)
+                    except TimeoutError:
+                        reply = None
+                    note = "stopped: the command ran past the time limit of %g s (fdsl serve --time-limit)" % time_limit
+                    if reply is None:
+                        return {"items": [error(note)] + self.restart("it did not stop"), "ok": False}
+                    reply.setdefault("items", []).append(error(note))
+                    return reply
+                if reply is None:
+                    return {"items": self.restart(self.ended()), "ok": False}
+                return reply
+            except (BrokenPipeError, OSError):
+                return {"items": self.restart(self.ended()), "ok": False}
+            finally:
+                self.busy = False
+
+    def ended(self) -> str:
+        code = self.proc.poll() if self.proc else None
+        if code is not None and code < 0:
+            try:
+                return "its worker was killed by %s (a memory limit, or Stop)" % signal.Signals(-code).name
+            except ValueError:
+                pass
+        return "its worker ended (exit status %s)" % code
+
+    def restart(self, why: str) -> list:
+        self.kill()
+        items = self.start()
+        return [error("the session was started afresh: %s; its definitions are gone%s"
+                      % (why, " (the program was loaded again)" if self.options.file else ""))] + items
+
+    def interrupt(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGINT)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        """The page's Stop: interrupt the command; kill the worker if it does not stop."""
+        if not self.busy:
+            return
+        self.interrupt()
+        proc = self.proc
+
+        def later():
+            time.sleep(GRACE)
+            if self.busy and self.proc is proc and proc.poll() is None:
+                proc.kill()
+
+        threading.Thread(target=later, daemon=True).start()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+def error(text: str) -> dict:
+    return {"kind": "error", "text": text}
+
+
+class Sessions:
+    """Every session of one server, and the folder their own folders live in."""
+
+    def __init__(self, options: Options):
+        self.options = options
+        self.root = Path(tempfile.mkdtemp(prefix="fdsl-serve-"))
+        self.sessions: dict = {}
+        self.lock = threading.Lock()
+
+    def open(self) -> tuple:
+        sid = secrets.token_urlsafe(16)
+        worker = Worker(self.options, self.root / sid)
+        with self.lock:
+            self.sessions[sid] = worker
+            while len(self.sessions) > MAX_SESSIONS:
+                oldest = min(self.sessions, key=lambda k: self.sessions[k].used)
+                self._close(oldest)
+        return sid, worker.start()
+
+    def get(self, sid) -> Optional[Worker]:
+        with self.lock:
+            return self.sessions.get(sid) if isinstance(sid, str) else None
+
+    def close(self, sid) -> None:
+        with self.lock:
+            self._close(sid)
+
+    def _close(self, sid) -> None:
+        worker = self.sessions.pop(sid, None)
+        if worker is not None:
+            worker.kill()
+            shutil.rmtree(worker.folder, ignore_errors=True)
+
+    def close_all(self) -> None:
+        with self.lock:
+            for sid in list(self.sessions):
+                self._close(sid)
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,187 @@
+"""``fdsl serve`` over HTTP, without a browser: the token, the headers, the body cap, sessions apart,
+the limits, confinement. The server is started as a person starts it, and after every hostile
+request it must still be serving (tests/test_serve_browser.py drives the page itself)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from serve_helpers import Served, wait_for
+
+from fdsl.serve.confine import inside
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Served("examples/encoder2.fd", "--time-limit", "4", "--step-limit", "3000")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def session(server):
+    status, reply = server.post("api/session", {})
+    assert status == 200, reply
+    return reply
+
+
+def run(server, sid, text):
+    status, reply = server.post("api/run", {"id": sid, "input": text})
+    assert status == 200, reply
+    return reply
+
+
+def texts(reply, kinds=("text", "math")):
+    return "\n".join(i["text"] for i in reply["items"] if i["kind"] in kinds)
+
+
+def test_the_file_is_loaded_and_typeset(session):
+    kinds = [i["kind"] for i in session["items"]]
+    assert kinds.count("math") >= 3 and "55" in texts(session)
+    form = session["items"][0]
+    assert form["latex"].startswith(r"-\operatorname{trace}") and form["text"].startswith("-trace(E^t dE)")
+
+
+@pytest.mark.parametrize("path", ["", "wrong/", "wrong/api/session", "static/console.js", "x/static/console.js"])
+def test_a_request_without_the_token_is_refused(server, path):
+    status, body, headers = server.get(server.base + path)
+    assert status == 403 and b"token" in body
+    status, body = server.post(path, {}, url=server.base)
+    assert status == 403
+    assert server.alive()
+
+
+def test_a_token_one_character_off_is_refused(server):
+    token = server.url.rstrip("/").rsplit("/", 1)[1]
+    other = token[:-1] + ("A" if token[-1] != "A" else "B")
+    assert server.get(server.base + other + "/")[0] == 403
+    assert server.get(server.url)[0] == 200
+
+
+def test_every_answer_has_the_security_headers(server):
+    status, body, headers = server.get(server.url)
+    assert status == 200 and b"<textarea" in body
+    csp = headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("style-src-attr")[0]
+    assert "default-src 'none'" in csp and "unsafe-eval" not in csp
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert server.get(server.base + "nope/")[2]["Content-Security-Policy"] == csp  # the 403 too
+
+
+def test_the_page_loads_nothing_from_elsewhere(server):
+    page = server.get(server.url)[1].decode()
+    assert "http" not in page.replace('http-equiv', '') and "//" not in page
+    status, css, headers = server.get(server.url + "static/katex/katex.min.css")
+    assert status == 200 and b"fonts/KaTeX_Main-Regular.woff2" in css
+    assert server.get(server.url + "static/katex/fonts/KaTeX_Main-Regular.woff2")[0] == 200
+    assert server.get(server.url + "static/katex/LICENSE")[0] == 200
+    assert server.get(server.url + "static/../server.py")[0] == 404
+
+
+def test_a_big_body_is_refused(server, session):
+    status, body = server.post("api/run", None, raw=b'{"id": "%s", "input": "%s"}'
+                               % (session["id"].encode(), b"x" * 200_000))
+    assert status == 413
+    assert server.alive()
+    assert run(server, session["id"], "show s")["ok"]
+
+
+def test_sessions_do_not_see_each_other(server, session):
+    status, other = server.post("api/session", {})
+    assert run(server, other["id"], "mine = X")["ok"]
+    reply = run(server, session["id"], "show mine")
+    assert not reply["ok"] and "unknown name 'mine'" in texts(reply, ("error",))
+    assert run(server, other["id"], "show mine")["ok"]
+    server.post("api/close", {"id": other["id"]})
+    assert server.post("api/run", {"id": other["id"], "input": "show X"})[0] == 404
+
+
+def test_a_command_past_the_time_limit_is_stopped_and_the_session_goes_on(server, session):
+    assert run(server, session["id"], "keep = X")["ok"]
+    for clause in ("g(0) = X", "g(L) = g(L-1) + g(L-1)"):  # g(40) calls itself 2^40 times
+        assert run(server, session["id"], clause)["ok"]
+    started = time.monotonic()
+    reply = run(server, session["id"], "nodes(g(40))")
+    assert time.monotonic() - started < 4 + 8
+    errors = texts(reply, ("error",))
+    assert not reply["ok"] and "time limit of 4 s" in errors, reply
+    assert run(server, session["id"], "show keep")["ok"]  # interrupted, not killed: definitions kept
+    assert server.alive()
+
+
+def test_stop_interrupts_a_command(server, session):
+    sid = session["id"]
+    done = []
+    thread = threading.Thread(target=lambda: done.append(run(server, sid, "nodes(g(40))")))
+    thread.start()
+    time.sleep(1.0)
+    assert server.post("api/stop", {"id": sid})[0] == 200
+    thread.join(15)
+    assert done and "interrupted" in texts(done[0], ("error",)), done
+    assert run(server, sid, "show keep")["ok"]
+
+
+def test_the_step_limit_holds_per_command(server, session):
+    reply = run(server, session["id"], "len(forms(Y - encoder(3)))")
+    assert "within 3000 steps" in texts(reply, ("error",))
+    assert run(server, session["id"], "show s")["ok"]
+
+
+def test_a_program_writes_only_in_its_own_folder(server, session, tmp_path):
+    sid = session["id"]
+    assert run(server, sid, "random 1")["ok"]
+    outside = tmp_path / "outside.npz"
+    reply = run(server, sid, 'save "%s" X' % outside)
+    assert not reply["ok"] and "only inside its own folder" in texts(reply, ("error",)), reply
+    assert not outside.exists() and not list(tmp_path.iterdir())  # not even a temporary file
+    for path in ("../escaped.npz", "/tmp/escaped-fdsl.npz"):
+        assert not run(server, sid, 'save "%s" X' % path)["ok"]
+    reply = run(server, sid, 'save "mine.npz" X')
+    assert reply["ok"], reply
+    reply = run(server, sid, ':diagram X Q[0]')
+    assert [i["kind"] for i in reply["items"]] == ["svg"]
+    assert server.alive()
+
+
+@pytest.mark.parametrize("statement", ['values "/etc/passwd"', 'rules "/etc/hostname"', ":load /etc/hostname"])
+def test_a_program_reads_nothing_outside_its_folders(server, session, statement):
+    reply = run(server, session["id"], statement)
+    assert not reply["ok"] and "may read only inside" in texts(reply, ("error",)), reply
+    assert server.alive()
+
+
+def test_a_worker_that_dies_is_started_afresh(server):
+    status, fresh = server.post("api/session", {})
+    sid = fresh["id"]
+    import os
+    import signal
+
+    # the worker of this session: the newest child of the server
+    import subprocess
+
+    pids = subprocess.run(["pgrep", "-n", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+    assert pids
+    os.kill(int(pids[0]), signal.SIGKILL)
+    reply = run(server, sid, "show s")
+    assert "started afresh" in texts(reply, ("error",)), reply
+    assert run(server, sid, "show s")["ok"]
+
+
+def test_inside():
+    assert inside("/a/b/c", ["/a/b"]) and inside("/a/b", ["/a/b"]) and not inside("/a/bc", ["/a/b"])
+
+
+def test_the_command_line_refuses_a_missing_file(run_fdsl):
+    r = run_fdsl("serve", "no/such.fd", "--port", "0")
+    assert r.returncode == 2 and "no/such.fd" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_another_host_is_warned_about():
+    s = Served("--host", "0.0.0.0")
+    try:
+        assert wait_for(lambda: s.alive())
+    finally:
+        s.stop()
+    assert "warning: listening on 0.0.0.0" in s.stderr
