@@ -71,6 +71,16 @@ def test_wheel_carries_grammar_and_stdlib(wheel):
             and any(n.endswith("entry_points.txt") for n in names))
 
 
+def test_wheel_carries_the_console_page_and_katex(wheel):
+    """fdsl serve's page, its script, and KaTeX with its fonts and licence, as installed files."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = REPO / "fdsl" / "serve" / "static"
+    files = [p.relative_to(REPO).as_posix() for p in static.rglob("*") if p.is_file()]
+    assert "fdsl/serve/static/katex/LICENSE" in files and len(files) > 20
+    missing = [f for f in files if f not in names]
+    assert not missing, missing
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory, wheel) -> Path:
     """A fresh virtual environment with the wheel installed; its bin/ folder."""

@@ -1,0 +1,293 @@
+"""``fdsl serve`` in a real browser: headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
+installed by .ci/run; nothing is downloaded at test time) driven by Selenium types the manual's
+session and the hostile inputs, and reads what the page shows. After each, the server still serves.
+
+What the page shows is checked against ``fdsl run`` of the same program (the oracle of the text),
+and the math against KaTeX's own output on the page (``.katex`` elements, with MathML inside).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from serve_helpers import ROOT, Served, wait_for
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and DRIVER) and not os.environ.get("CI"):
+    pytest.skip("the browser tests need Debian's chromium and chromium-driver (apt-get install chromium "
+                "chromium-driver; .ci/run does)", allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver") if not os.environ.get("CI") else \
+    __import__("selenium.webdriver", fromlist=["webdriver"])
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+
+SHOTS = Path(os.environ.get("FDSL_SCREENSHOTS", "")) if os.environ.get("FDSL_SCREENSHOTS") else None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,1000", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    service = webdriver.ChromeService(executable_path=DRIVER)  # given: Selenium Manager downloads nothing
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def natural():
+    s = Served("examples/natural.fd", "--time-limit", "30")
+    yield s
+    s.stop()
+
+
+def open_page(driver, url):
+    driver.get(url)
+    assert wait_for(lambda: driver.execute_script("return document.body.dataset.ready === '1'"), 90), \
+        "the page did not start its session"
+
+
+def entries(driver):
+    return driver.find_elements(By.CSS_SELECTOR, "#results .entry")
+
+
+def idle(driver):
+    return driver.execute_script("return document.getElementById('status').hidden")
+
+
+def type_command(driver, text, timeout=90):
+    """Type ``text`` in the command window as a person does (Shift+Enter between lines), press
+    Enter, wait for the answer; the entry it made."""
+    assert wait_for(lambda: idle(driver), timeout)
+    before = len(entries(driver))
+    box = driver.find_element(By.ID, "input")
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        box.send_keys(line)
+        if i < len(lines) - 1:
+            box.send_keys(Keys.SHIFT, Keys.ENTER, Keys.NULL)
+    box.send_keys(Keys.ENTER)
+    assert wait_for(lambda: len(entries(driver)) > before and idle(driver), timeout), "no answer to %r" % text
+    return entries(driver)[-1]
+
+
+def grey_box(driver) -> str:
+    return driver.find_element(By.ID, "log").get_attribute("textContent")
+
+
+def text_of(entry) -> str:
+    return entry.get_attribute("textContent")
+
+
+def math_in(entry):
+    return entry.find_elements(By.CSS_SELECTOR, ".math .katex")
+
+
+def oracle(run_fdsl, file, *inputs) -> list:
+    """What ``fdsl run FILE -e INPUT`` prints for each input, after the file's own output."""
+    own = run_fdsl("run", file).stdout
+    out = run_fdsl("run", file, "-e", "; ".join(inputs))
+    assert out.returncode == 0, out.stderr
+    return out.stdout[len(own):]
+
+
+def still_serving(driver, served):
+    assert served.alive()
+    entry = type_command(driver, "show C")
+    assert math_in(entry), text_of(entry)
+
+
+def test_the_manual_session(browser, natural, run_fdsl):
+    """forms(2), forms(2, 4), show(html(...)) of one summand, shiftmm, cycle, len(z), z[13], and the deep
+    encoder's question with its path and its picture, typed as the manual types them."""
+    open_page(browser, natural.url)
+    first = entries(browser)[0]
+    assert len(math_in(first)) >= 1, "the program's output is typeset"  # coeff(N, K[5]) of the file
+    assert "true, via encoder_5" in text_of(first)
+    assert browser.find_element(By.ID, "file").text == "natural.fd"
+
+    entry = type_command(browser, "forms(2)")
+    assert math_in(entry) and "dK_1" in text_of(entry)
+    entry = type_command(browser, "forms(2, 4)")
+    assert len(math_in(entry)) == 1
+    want = oracle(run_fdsl, "examples/natural.fd", "show forms(2, 4)").strip()
+    assert entry.find_element(By.CSS_SELECTOR, "details pre").get_attribute("textContent").strip() == want
+
+    assert "error" not in text_of(type_command(browser, "z = flatten(expandmm(expandAll(form(2))))"))
+    n = oracle(run_fdsl, "examples/natural.fd", "z = flatten(expandmm(expandAll(form(2))))", "show len(z)").strip()
+    assert text_of(type_command(browser, "len(z)")).endswith(n)
+    for command in ("show(html(z[13]))", "show(html(shiftmm(z[13])))", "show(html(cycle(shiftmm(z[13]))))"):
+        entry = type_command(browser, command)
+        assert len(math_in(entry)) == 1, command
+        assert entry.find_elements(By.CSS_SELECTOR, ".katex mathml, .katex math"), "KaTeX's MathML is there"
+    # cycle brought the differential to the end of the word (the annotation is the LaTeX typeset)
+    latex = entry.find_element(By.CSS_SELECTOR, "annotation").get_attribute("textContent")
+    assert re.search(r"\\mathrm\{d\}[A-Za-z]_\{\d\}\\right\)$", latex.rstrip()), latex[-80:]
+    want = oracle(run_fdsl, "examples/natural.fd", "z = flatten(expandmm(expandAll(form(2))))",
+                  "show(html(cycle(shiftmm(z[13]))))").strip()
+    # the text under the math is what fdsl repl prints: here html(...)'s markup, shown as text
+    assert entry.find_element(By.CSS_SELECTOR, "details pre").get_attribute("textContent").strip() == want
+
+    entry = type_command(browser, "depends(coeff(N, K[5]), Q[3])")
+    assert "true, via encoder_5 > m(...) > encoder_4 > m(...) > a(...) > Q_3" in text_of(entry)
+    picture = entry.find_element(By.TAG_NAME, "img")
+    assert picture.get_attribute("src").startswith("data:image/svg+xml;base64,")
+    assert wait_for(lambda: browser.execute_script("return arguments[0].naturalWidth", picture) > 100)
+    if SHOTS:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(SHOTS / "manual_session.png"))
+    still_serving(browser, natural)
+
+
+def test_history_walks_back_and_forth_and_survives_a_reload(browser, natural):
+    open_page(browser, natural.url)
+    for command in ("show X0", "show Y"):
+        type_command(browser, command)
+    box = browser.find_element(By.ID, "input")
+    box.send_keys("draft")
+    box.send_keys(Keys.ARROW_UP)
+    assert box.get_attribute("value") == "show Y"
+    box.send_keys(Keys.ARROW_UP)
+    assert box.get_attribute("value") == "show X0"
+    box.send_keys(Keys.ARROW_DOWN)
+    assert box.get_attribute("value") == "show Y"
+    box.send_keys(Keys.ARROW_DOWN)
+    assert box.get_attribute("value") == "draft"
+    open_page(browser, natural.url)  # kept per browser
+    box = browser.find_element(By.ID, "input")
+    box.send_keys(Keys.ARROW_UP)
+    assert box.get_attribute("value") == "show Y"
+    box.clear()
+    # Shift+Enter starts a new line; the two lines are one command
+    entry = type_command(browser, "show X0,\n  Y")
+    assert len(math_in(entry)) == 2
+
+
+def test_the_help_button_lists_the_verbs_and_operators(browser, natural):
+    open_page(browser, natural.url)
+    browser.find_element(By.ID, "help").click()
+    panel = browser.find_element(By.ID, "helppanel")
+    assert wait_for(lambda: panel.is_displayed())
+    text = panel.get_attribute("textContent")
+    for verb in ("expandAll", "expandmm", "shiftmm", "cycle", "forms(E, j?)", "depends(G, V)", "mm(A, B)", "aa(A, B)"):
+        assert verb in text, verb
+    assert "Enter runs" in text and "Shift+Enter" in text
+
+
+def test_an_error_goes_to_the_grey_box_with_its_caret(browser, natural):
+    open_page(browser, natural.url)
+    entry = type_command(browser, "show X0 Q[0] Q[0]")
+    box = grey_box(browser)
+    assert "<input>:1:14:" in box and "inner sizes k and d differ" in box
+    lines = box.split("\n")
+    source = next(i for i, line in enumerate(lines) if "show X0 Q[0] Q[0]" in line)
+    # the caret stands under column 14 of the line echoed (both indented alike), in a monospace box
+    assert lines[source + 1].index("^") == lines[source].index("show") + 13
+    assert browser.execute_script("return getComputedStyle(document.querySelector('#log pre')).fontFamily") \
+        == "monospace"
+    assert "error" in text_of(entry)
+    still_serving(browser, natural)
+
+
+INJECTIONS = [
+    '<img src=x onerror="document.body.dataset.pwned=1"><b id=pwned>bold</b>',
+    'show "<script>document.body.dataset.pwned=1</script><b id=pwned>x</b>"',
+    'weight <i id=pwned>W</i> : n x n',
+    'show "$\\\\href{javascript:alert(1)}{x}$"',
+]
+
+
+@pytest.mark.parametrize("attack", INJECTIONS)
+def test_typed_markup_stays_text(browser, natural, attack):
+    open_page(browser, natural.url)
+    before = len(browser.find_elements(By.CSS_SELECTOR, "img, script, b, i"))
+    entry = type_command(browser, attack)
+    assert not browser.find_elements(By.ID, "pwned")
+    assert browser.execute_script("return document.body.dataset.pwned") is None
+    assert len(browser.find_elements(By.CSS_SELECTOR, "img, script, b, i")) == before
+    assert attack.split("\n")[0] in text_of(entry) + grey_box(browser)  # echoed as the text it is
+    still_serving(browser, natural)
+
+
+def test_without_the_token_the_page_is_refused(browser, natural):
+    for url in (natural.base, natural.base + "not-the-token/", natural.url.rstrip("/")[:-2] + "/"):
+        browser.get(url)
+        assert "403" in browser.find_element(By.TAG_NAME, "body").text
+        assert not browser.find_elements(By.ID, "input")
+    open_page(browser, natural.url)
+    still_serving(browser, natural)
+
+
+def test_two_tabs_are_two_programs(browser, natural):
+    open_page(browser, natural.url)
+    type_command(browser, "mine := X0 Q[0]")
+    first = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    try:
+        open_page(browser, natural.url)
+        type_command(browser, "show mine")
+        assert "unknown name 'mine'" in grey_box(browser)
+        type_command(browser, "mine := Y")
+        assert "Y" in text_of(type_command(browser, "show mine"))
+    finally:
+        browser.close()
+        browser.switch_to.window(first)
+    entry = type_command(browser, "show mine")
+    assert "mine" in text_of(entry) and "Q_0" in entry.find_element(By.CSS_SELECTOR, "details pre").get_attribute(
+        "textContent") + text_of(entry)
+
+
+def test_a_looping_command_shows_it_runs_and_stops(browser, natural):
+    open_page(browser, natural.url)
+    type_command(browser, "g(0) = X0")
+    type_command(browser, "g(L) = g(L-1) + g(L-1)")  # g(40) would call itself 2^40 times
+    box = browser.find_element(By.ID, "input")
+    box.send_keys("nodes(g(40))", Keys.ENTER)
+    status = browser.find_element(By.ID, "status")
+    assert wait_for(lambda: status.is_displayed() and "running" in status.text, 10)
+    time.sleep(1.5)
+    assert "running" in status.text and box.get_attribute("readonly")
+    browser.find_element(By.ID, "stop").click()
+    assert wait_for(lambda: idle(browser), 15), "Stop did not stop it"
+    assert "interrupted" in grey_box(browser)
+    assert "X0" in text_of(type_command(browser, "show g(0)"))  # the session kept its definitions
+    still_serving(browser, natural)
+
+
+def test_a_save_outside_its_folder_is_refused(browser, natural, tmp_path):
+    open_page(browser, natural.url)
+    type_command(browser, "random 0")
+    target = tmp_path / "escape.npz"
+    type_command(browser, 'save "%s" X0' % target)
+    assert "may write only inside its own folder" in grey_box(browser)
+    assert not target.exists()
+    type_command(browser, 'save "../escape.npz" X0')
+    assert "may write only inside its own folder" in grey_box(browser)
+    type_command(browser, 'save "fine.npz" X0')
+    assert grey_box(browser).strip() == ""
+    still_serving(browser, natural)
+
+
+def test_reset_starts_the_program_afresh(browser, natural):
+    open_page(browser, natural.url)
+    type_command(browser, "mine = X0")
+    browser.find_element(By.ID, "reset").click()
+    assert wait_for(lambda: idle(browser) and entries(browser) and "true, via" in text_of(entries(browser)[0]), 60)
+    type_command(browser, "show mine")
+    assert "unknown name 'mine'" in grey_box(browser)
+
+
+def test_the_readme_screenshot_shows_the_console(browser):
+    """The README's picture is of this page (docs/serve.png, made by tests/make_serve_screenshot.py)."""
+    assert (ROOT / "docs" / "serve.png").is_file()
+    assert "![fdsl serve" in (ROOT / "README.md").read_text()
