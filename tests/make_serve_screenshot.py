@@ -8,7 +8,7 @@ from pathlib import Path
 
 from selenium.webdriver.common.by import By
 from serve_helpers import ROOT, Served
-from test_serve_browser import DRIVER, CHROMIUM, open_page, type_command, webdriver
+from test_serve_browser import CHROMIUM, DRIVER, open_page, type_command, webdriver
 
 SESSION = ["depends(coeff(N, K[0]), Q[1])", "z = flatten(expandmm(expandAll(form(2))))", "len(z)", "forms(2, 4)",
            "show(html(cycle(shiftmm(z[13]))))", "show X Q[0] Q[0]"]

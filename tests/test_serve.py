@@ -153,20 +153,47 @@ def test_a_program_reads_nothing_outside_its_folders(server, session, statement)
 
 
 def test_a_worker_that_dies_is_started_afresh(server):
-    status, fresh = server.post("api/session", {})
-    sid = fresh["id"]
     import os
     import signal
-
-    # the worker of this session: the newest child of the server
     import subprocess
 
-    pids = subprocess.run(["pgrep", "-n", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
-    assert pids
-    os.kill(int(pids[0]), signal.SIGKILL)
+    def workers():
+        return set(subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split())
+
+    before = workers()
+    status, fresh = server.post("api/session", {})
+    sid = fresh["id"]
+    (pid,) = workers() - before  # this session's worker
+    os.kill(int(pid), signal.SIGKILL)
     reply = run(server, sid, "show s")
     assert "started afresh" in texts(reply, ("error",)), reply
     assert run(server, sid, "show s")["ok"]
+
+
+def test_the_repl_conveniences_work(server, session):
+    sid = session["id"]
+    assert run(server, sid, "coeff(N, K[0])")["ok"]
+    reply = run(server, sid, "depends(_, Q[1])")
+    assert texts(reply) == "true, via aa(...) > mm(...) > G_encoder_1 > Q_1"
+    assert "weight K[i] : d x k" in texts(run(server, sid, "K?"))
+
+
+def test_stopping_the_server_ends_its_workers_and_removes_their_folders():
+    import os
+    import subprocess
+
+    s = Served()
+    try:
+        for _ in range(2):
+            assert s.post("api/session", {})[0] == 200
+        pids = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True, text=True).stdout.split()
+        folders = [open("/proc/%s/cmdline" % p).read().split("\0")[4] for p in pids]
+        assert len(pids) == 2 and all(os.path.isdir(f) for f in folders), folders
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0
+    assert not any(os.path.exists("/proc/%s" % p) for p in pids)
+    assert not any(os.path.exists(f) for f in folders)
 
 
 def test_inside():
@@ -185,3 +212,23 @@ def test_another_host_is_warned_about():
     finally:
         s.stop()
     assert "warning: listening on 0.0.0.0" in s.stderr
+
+
+def test_the_memory_and_size_limits_hold_per_command():
+    """--memory-limit caps a session's process: the CLI's memory budget then answers within it;
+    --size-limit stops a rewrite that builds too much. The session goes on after both."""
+    s = Served("--memory-limit", "3000", "--size-limit", "20000")
+    try:
+        status, fresh = s.post("api/session", {})
+        sid = fresh["id"]
+        for line in ("dim n = 30000, k = 3", "const A : n x n, B : k x k", "weight W : k x k", "random 1"):
+            assert run(s, sid, line)["ok"]
+        reply = run(s, sid, "show eval(trace(A))")
+        assert "more than the memory available" in texts(reply, ("error",)), reply
+        assert "GB)" in texts(reply, ("error",)) and "(1." in texts(reply, ("error",))  # half of 3000 MiB, less
+        reply = run(s, sid, "len(forms(" + "(B - W B)" * 8 + "))")  # 2^8 products multiplied out
+        assert "the size limit" in texts(reply, ("error",)), reply
+        assert run(s, sid, "show eval(trace(B))")["ok"]
+        assert s.alive()
+    finally:
+        s.stop()

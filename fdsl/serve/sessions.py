@@ -3,7 +3,7 @@
 Vocabulary
 ----------
 session     what one page load talks to: an id (random, in every request the page makes), a worker
-            process (``fdsl.serve.worker``) and the worker's own folder under the server's folder.
+            process (``fdsl.serve.worker``) and its own folder, a fresh temporary folder.
 time limit  seconds one command may run. Past it the worker is interrupted (SIGINT: the command
             stops, the session keeps its definitions); a worker that does not answer within
             ``GRACE`` seconds more is killed and started afresh (FILE loaded again), and the reply
@@ -49,6 +49,7 @@ class Worker:
         self.folder = folder
         self.lock = threading.Lock()  # one request at a time; stop() does not take it
         self.busy = False
+        self.serial = 0  # requests sent: Stop's kill is for the request it stopped, not a later one
         self.used = time.monotonic()
         self.proc: Optional[subprocess.Popen] = None
         self.first: list = []
@@ -98,6 +99,7 @@ class Worker:
                 if message.get("op") == "reset":
                     return {"items": items, "ok": True}
             self.busy = True
+            self.serial += 1
             try:
                 self.proc.stdin.write(json.dumps(message) + "\n")
                 self.proc.stdin.flush()
@@ -149,11 +151,11 @@ class Worker:
         if not self.busy:
             return
         self.interrupt()
-        proc = self.proc
+        proc, serial = self.proc, self.serial
 
         def later():
             time.sleep(GRACE)
-            if self.busy and self.proc is proc and proc.poll() is None:
+            if self.busy and self.serial == serial and self.proc is proc and proc.poll() is None:
                 proc.kill()
 
         threading.Thread(target=later, daemon=True).start()
@@ -175,17 +177,17 @@ def error(text: str) -> dict:
 
 
 class Sessions:
-    """Every session of one server, and the folder their own folders live in."""
+    """Every session of one server. Each own folder is a temporary folder of its own, which its
+    worker removes when it ends (also when the server is killed and the worker's input closes)."""
 
     def __init__(self, options: Options):
         self.options = options
-        self.root = Path(tempfile.mkdtemp(prefix="fdsl-serve-"))
         self.sessions: dict = {}
         self.lock = threading.Lock()
 
     def open(self) -> tuple:
         sid = secrets.token_urlsafe(16)
-        worker = Worker(self.options, self.root / sid)
+        worker = Worker(self.options, Path(tempfile.mkdtemp(prefix="fdsl-session-")))
         with self.lock:
             self.sessions[sid] = worker
             while len(self.sessions) > MAX_SESSIONS:
@@ -211,4 +213,3 @@ class Sessions:
         with self.lock:
             for sid in list(self.sessions):
                 self._close(sid)
-        shutil.rmtree(self.root, ignore_errors=True)
