@@ -142,6 +142,10 @@ def test_a_program_writes_only_in_its_own_folder(server, session, tmp_path):
     assert reply["ok"], reply
     reply = run(server, sid, ':diagram X Q[0]')
     assert [i["kind"] for i in reply["items"]] == ["svg"]
+    reply = run(server, sid, 'diagram(X Q[0], "xq.svg")')  # written in its own folder, and shown
+    assert sorted(i["kind"] for i in reply["items"]) == ["svg", "text"] and "wrote xq.svg" in texts(reply), reply
+    assert not run(server, sid, 'diagram(X Q[0], "%s")' % (tmp_path / "xq.svg"))["ok"]
+    assert not (tmp_path / "xq.svg").exists()
     assert server.alive()
 
 

@@ -91,8 +91,11 @@ class WebSession(Session):
         for effect in effects:
             if isinstance(effect, Print):
                 self.items.extend(self.shown(effect))
-            elif isinstance(effect, Write) and effect.note:
-                self.say(effect.note)
+            elif isinstance(effect, Write):
+                if effect.note:
+                    self.say(effect.note)
+                if effect.path.suffix == ".svg" and effect.path.is_file():  # diagram(E, "e.svg"): shown too
+                    self.items.append(svg_item(effect.path.read_text(encoding="utf-8"), effect.path.name))
 
     def shown(self, effect) -> list:
         """The items of one output: a term (or a printer's text of one) typeset, a depends answer
