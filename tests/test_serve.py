@@ -236,3 +236,10 @@ def test_the_memory_and_size_limits_hold_per_command():
         assert s.alive()
     finally:
         s.stop()
+
+
+def test_a_port_in_use_is_a_clear_error(server, run_fdsl):
+    port = server.url.split(":")[2].split("/")[0]
+    r = run_fdsl("serve", "--port", port, timeout=60)
+    assert r.returncode == 2 and "port %s is in use; --port 0 picks a free one" % port in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and server.alive()
