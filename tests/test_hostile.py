@@ -118,7 +118,7 @@ CASES = [
          ["run", "p.fd"], message=r"^b\.rules:1:1: import cycle: a\.rules imports b\.rules imports a"),
     # ---- 3. outputs -----------------------------------------------------------------------------
     Case("save-to-device", {"p.fd": HEAD + 'random 0\nsave "/dev/null" X\n'}, ["run", "p.fd"],
-         message=r"^p\.fd:5:1: cannot write this file: it is a device"),
+         message=r"^p\.fd:5:1: cannot write '/dev/null': a program writes only inside its own folder"),
     Case("save-to-folder", {"p.fd": HEAD + 'random 0\nsave "sub" X\n', "sub/keep": ""}, ["run", "p.fd"],
          message=r"^p\.fd:5:1: cannot write this file: it is a folder"),
     Case("save-then-fail", {"p.fd": HEAD + 'random 0\nsave "g.npz" X\nshow Y\n'}, ["run", "p.fd"],

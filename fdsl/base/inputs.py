@@ -32,8 +32,20 @@ def kind_of(mode: int) -> str:
     return next((k for test, k in _KINDS if test(mode)), "not a regular file")
 
 
+# (device, inode, time of change) of every program, rule file and values file this process has read: outputs never
+# replace one of them (fdsl/base/files.py), whatever name or link leads there
+_READ: set = set()
+
+
+def was_read(st: os.stat_result) -> bool:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns) in _READ
+
+
 def regular_file(path, what: str) -> os.stat_result:
-    """The status of ``path`` if it is a regular file (symlinks followed); else an FdslError."""
+    """The status of ``path`` if it is a regular file (symlinks followed); else an FdslError. The
+    file is remembered as an input, which no output may replace."""
+    if "\0" in str(path):
+        raise FdslError("cannot read this %s: a file name cannot hold a NUL character" % what, file=repr(str(path)))
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -42,6 +54,7 @@ def regular_file(path, what: str) -> os.stat_result:
         raise FdslError("cannot read this %s: %s" % (what, e.strerror or e), file=str(path)) from None
     if not stat.S_ISREG(st.st_mode):
         raise FdslError("cannot read this %s: it is %s, not a file" % (what, kind_of(st.st_mode)), file=str(path))
+    _READ.add((st.st_dev, st.st_ino, st.st_mtime_ns))
     return st
 
 

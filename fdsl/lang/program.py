@@ -635,8 +635,19 @@ class Program:
             self.effects.clear()
 
     def resolve_path(self, path: str) -> Path:
+        """A file the program reads (rules, values): relative names are the program's folder's."""
         p = Path(path)
         return p if p.is_absolute() else self.base_dir / p
+
+    def output_path(self, name: str, line=None, col=None) -> Path:
+        """A file the program writes (``save``, ``plot``, ``diagram``): only inside the program's
+        folder (``fdsl.base.files.confine``); a path leading out is an error at the statement."""
+        from ..base.files import confine
+
+        try:
+            return confine(self.base_dir, name, "a program")
+        except FdslError as e:
+            raise FdslError(e.message, line=line, col=col) from None
 
 
 def _as_list(value) -> list:

@@ -259,7 +259,7 @@ def _plot(program, st):
     values = [program.evaluate(node, {}) for node in items[1:]]
     if program.options.get("train") is False:
         return  # the fdsl command decides the training; the runs have no logs
-    path = program.resolve_path(items[0].value)
+    path = program.output_path(items[0].value, st.line, st.col)
     try:
         target_of(path)
     except FdslError as e:
