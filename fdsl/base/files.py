@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import FdslError, printable
-from .inputs import kind_of, was_read
+from .inputs import kind_of, pseudo, was_read
 
 
 @dataclass
@@ -75,25 +75,6 @@ def _cannot(path, why) -> FdslError:
     return FdslError("cannot write this file: %s" % why, file=str(path) or "<output>")
 
 
-_PSEUDO = ("/dev", "/proc", "/sys")
-
-
-def _pseudo(path: str):
-    """The pseudo file system (/dev, /proc, /sys) writing ``path`` would pass through, or None:
-    the path itself, each folder on the way and each link followed, hop by hop."""
-    seen = 0
-    current = os.path.abspath(path)
-    while True:
-        for p in (current, os.path.realpath(os.path.dirname(current))):
-            top = next((t for t in _PSEUDO if p == t or p.startswith(t + "/")), None)
-            if top:
-                return top
-        if not os.path.islink(current) or seen > 40:
-            return None
-        seen += 1
-        current = os.path.join(os.path.realpath(os.path.dirname(current)), os.readlink(current))
-
-
 def target_of(path):
     """Where writing ``path`` lands, and its status (None for a new file): symlinks are followed,
     so writing a link writes the file it points to; anything but a regular file is refused, and so
@@ -103,7 +84,7 @@ def target_of(path):
     if "\0" in str(path):
         raise FdslError("a file name cannot hold a NUL character", file=repr(str(path)))
     try:
-        top = _pseudo(str(path))
+        top = pseudo(str(path))
         real = Path(os.path.realpath(path))
         st = os.stat(real)
     except FileNotFoundError:
@@ -134,7 +115,7 @@ def confine(folder, name: str, what: str = "a program") -> Path:
     absolute, climbs out with ``..``, or leads out through a link (a folder or the file itself)."""
     if "\0" in name:
         raise FdslError("a file name cannot hold a NUL character")
-    where = "%s writes only inside its own folder (%s)" % (what, folder)
+    where = "%s writes only inside its own folder (%s)" % (what, Path(folder).resolve())
     if os.path.isabs(name) or name.startswith("~"):
         raise FdslError("cannot write %r: %s; write a name relative to it" % (name, where))
     if ".." in Path(name).parts:

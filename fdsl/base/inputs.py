@@ -32,9 +32,38 @@ def kind_of(mode: int) -> str:
     return next((k for test, k in _KINDS if test(mode)), "not a regular file")
 
 
+_PSEUDO = ("/dev", "/proc", "/sys")
+
+
+def pseudo(path: str):
+    """The pseudo file system (/dev, /proc, /sys) writing ``path`` would pass through, or None:
+    the path itself, each folder on the way and each link followed, hop by hop."""
+    seen = 0
+    current = os.path.abspath(path)
+    while True:
+        for p in (current, os.path.realpath(os.path.dirname(current))):
+            top = next((t for t in _PSEUDO if p == t or p.startswith(t + "/")), None)
+            if top:
+                return top
+        if not os.path.islink(current) or seen > 40:
+            return None
+        seen += 1
+        current = os.path.join(os.path.realpath(os.path.dirname(current)), os.readlink(current))
+
+
 # (device, inode, time of change) of every program, rule file and values file this process has read: outputs never
 # replace one of them (fdsl/base/files.py), whatever name or link leads there
 _READ: set = set()
+
+
+def remember(path) -> None:
+    """Mark ``path`` as an input (before it is read), if it is a regular file."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(st.st_mode):
+        _READ.add((st.st_dev, st.st_ino, st.st_mtime_ns))
 
 
 def was_read(st: os.stat_result) -> bool:
@@ -59,8 +88,15 @@ def regular_file(path, what: str) -> os.stat_result:
 
 
 def read_source(path, what: str = "file") -> str:
-    """The text of a program or rule file: a regular file, at most MAX_SOURCE_BYTES, UTF-8."""
+    """The text of a program or rule file: a regular file, at most MAX_SOURCE_BYTES, UTF-8 text.
+    Never a file of /proc, /sys or /dev (``/proc/self/environ`` is a regular file holding every
+    environment variable: its "syntax error" would print them), nor a binary file (a NUL byte):
+    both are refused without a word of their contents."""
     path = Path(path)
+    top = pseudo(str(path)) if "\0" not in str(path) else None
+    if top:
+        raise FdslError("cannot read this %s: it is a file of the system (%s), not a program or rule file; "
+                        "its contents are not shown" % (what, top), file=str(path))
     st = regular_file(path, what)
     if st.st_size > MAX_SOURCE_BYTES:
         raise FdslError("this %s is %s, more than the %s a program or rule file may have"
@@ -70,6 +106,9 @@ def read_source(path, what: str = "file") -> str:
             data = f.read(MAX_SOURCE_BYTES + 1)
     except OSError as e:
         raise FdslError("cannot read this %s: %s" % (what, e.strerror or e), file=str(path)) from None
+    if b"\0" in data:
+        raise FdslError("this %s is binary, not text (a NUL byte at byte %d); its contents are not shown"
+                        % (what, data.index(b"\0")), file=str(path))
     try:
         return data.decode("utf-8-sig")  # -sig: a byte-order mark at the start is dropped
     except UnicodeDecodeError as e:
