@@ -93,11 +93,11 @@ def read_source(path, what: str = "file") -> str:
     environment variable: its "syntax error" would print them), nor a binary file (a NUL byte):
     both are refused without a word of their contents."""
     path = Path(path)
-    top = pseudo(str(path)) if "\0" not in str(path) else None
+    st = regular_file(path, what)
+    top = pseudo(str(path))
     if top:
         raise FdslError("cannot read this %s: it is a file of the system (%s), not a program or rule file; "
                         "its contents are not shown" % (what, top), file=str(path))
-    st = regular_file(path, what)
     if st.st_size > MAX_SOURCE_BYTES:
         raise FdslError("this %s is %s, more than the %s a program or rule file may have"
                         % (what, size_text(st.st_size), size_text(MAX_SOURCE_BYTES)), file=str(path))
