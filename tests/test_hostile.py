@@ -508,3 +508,97 @@ def test_the_corpus_covers_every_kind_of_the_issue():
                  "deep-transpose", "overflow-in-eval", "training-diverges", "byte-order-mark", "literal-1e308",
                  "latex-injection", "codegen-backslash-path", "step-limit-zero", "step-limit-negative"):
         assert kind in names
+
+
+# ---- issue 23: the parts below the command line ---------------------------------------------------
+
+
+def test_a_failed_write_removes_the_folders_it_made(tmp_path):
+    from fdsl.base.errors import FdslError
+    from fdsl.base.files import Write, perform_all
+
+    def fail(tmp):
+        raise FdslError("the second file fails")
+
+    good = Write(tmp_path / "a" / "b" / "x.npz", lambda tmp: Path(tmp).write_bytes(b"x"))
+    bad = Write(tmp_path / "c" / "d" / "y.npz", fail)
+    with pytest.raises(FdslError):
+        perform_all([good, bad], None, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_temporaries_of_a_killed_write_do_not_accumulate(tmp_path):
+    from fdsl.base.files import atomic_write
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process that has ended
+    stale = tmp_path / (".x.npz.fdsl-%d-abcd.tmp" % pid)
+    stale.write_bytes(b"half of 200 MB")
+    live = tmp_path / (".x.npz.fdsl-%d-efgh.tmp" % os.getpid())  # a write still under way: kept
+    live.write_bytes(b"")
+    other = tmp_path / (".y.npz.fdsl-%d-abcd.tmp" % pid)  # another target's: not this write's business
+    other.write_bytes(b"")
+    atomic_write(tmp_path / "x.npz", lambda tmp: Path(tmp).write_bytes(b"new"))
+    assert not stale.exists() and live.exists() and other.exists()
+    assert (tmp_path / "x.npz").read_bytes() == b"new"
+
+
+def test_an_interrupted_write_leaves_no_temporary(tmp_path):
+    from fdsl.base.files import atomic_write
+
+    def interrupted(tmp):
+        Path(tmp).write_bytes(b"part")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "sub" / "x.npz", interrupted)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_repl_temp_folder_is_checked(tmp_path):
+    from fdsl.base.errors import FdslError
+    from fdsl.repl.session import private_folder
+
+    mine = private_folder(tmp_path / "fdsl-1")
+    assert mine.stat().st_mode & 0o777 == 0o700
+    open_folder = tmp_path / "fdsl-2"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)  # made first by someone else, open to all
+    with pytest.raises(FdslError, match="others may open it"):
+        private_folder(open_folder)
+    (tmp_path / "fdsl-3").symlink_to(mine)
+    with pytest.raises(FdslError, match="not a folder"):
+        private_folder(tmp_path / "fdsl-3")
+    if os.geteuid() == 0:
+        theirs = tmp_path / "fdsl-4"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(FdslError, match="another user"):
+            private_folder(theirs)
+
+
+def test_a_history_file_that_is_not_a_file_is_not_read(tmp_path, monkeypatch):
+    from fdsl.base.errors import FdslError
+    from fdsl.repl.terminal import usable_history
+
+    monkeypatch.setenv("FDSL_HISTORY", "set")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for bad in (fifo, Path("/dev/zero"), tmp_path):
+        with pytest.raises(FdslError, match="not a regular file"):
+            usable_history(bad)
+    assert usable_history(tmp_path / "h") == tmp_path / "h" and (tmp_path / "h").is_file()
+    monkeypatch.delenv("FDSL_HISTORY")
+    (tmp_path / "shared").mkdir(mode=0o777)
+    (tmp_path / "shared").chmod(0o777)
+    with pytest.raises(FdslError, match="others may open it"):
+        usable_history(tmp_path / "shared" / "history")
+
+
+def test_printable_escapes_what_drives_a_terminal():
+    from fdsl.base.errors import FdslError, printable
+
+    assert printable("a\x1b]52;c;eA==\x07b\u202e") == "a\\x1b]52;c;eA==\\x07b\\u202e"
+    assert printable("tab\tand\nline") == "tab\tand\nline"
+    e = FdslError("bad \x1b[2J", "f\x1b.fd", 1, 4, "ab\x1bc\n")
+    assert str(e) == "f\\x1b.fd:1:4: bad \\x1b[2J\n    ab\\x1bc\n          ^"  # the caret under c
