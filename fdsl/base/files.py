@@ -110,13 +110,14 @@ def target_of(path):
     return real, st
 
 
-def confine(folder, name: str, what: str = "a program") -> Path:
+def confine(folder, name: str, what: str = "a program", absolute: bool = False) -> Path:
     """The path ``name`` (as a program wrote it) names inside ``folder``; an FdslError if it is
-    absolute, climbs out with ``..``, or leads out through a link (a folder or the file itself)."""
+    absolute (unless ``absolute``: the repl's typed path, which must still lead inside), climbs out
+    with ``..``, or leads out through a link (a folder or the file itself)."""
     if "\0" in name:
         raise FdslError("a file name cannot hold a NUL character")
     where = "%s writes only inside its own folder (%s)" % (what, Path(folder).resolve())
-    if os.path.isabs(name) or name.startswith("~"):
+    if (os.path.isabs(name) and not absolute) or name.startswith("~"):
         raise FdslError("cannot write %r: %s; write a name relative to it" % (name, where))
     if ".." in Path(name).parts:
         raise FdslError("cannot write %r: '..' leads out of the folder; %s" % (name, where))

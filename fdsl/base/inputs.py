@@ -106,13 +106,14 @@ def read_source(path, what: str = "file") -> str:
             data = f.read(MAX_SOURCE_BYTES + 1)
     except OSError as e:
         raise FdslError("cannot read this %s: %s" % (what, e.strerror or e), file=str(path)) from None
-    if b"\0" in data:
-        raise FdslError("this %s is binary, not text (a NUL byte at byte %d); its contents are not shown"
-                        % (what, data.index(b"\0")), file=str(path))
     try:
-        return data.decode("utf-8-sig")  # -sig: a byte-order mark at the start is dropped
+        text = data.decode("utf-8-sig")  # -sig: a byte-order mark at the start is dropped
     except UnicodeDecodeError as e:
         raise FdslError("this %s is not UTF-8 text (byte %d)" % (what, e.start), file=str(path)) from None
+    if "\0" in text:
+        raise FdslError("this %s is binary, not text (a NUL byte at byte %d); its contents are not shown"
+                        % (what, data.index(b"\0")), file=str(path))
+    return text
 
 
 def memory_budget() -> int:

@@ -231,7 +231,7 @@ def _diagram(session, arg):
     else:  # only inside the session's folder, as a program's own outputs
         from ..base.files import confine, target_of
 
-        path = confine(session.program.base_dir, path, "the repl")
+        path = confine(session.program.base_dir, path, "the repl", absolute=True)
         target_of(path)
     arg = expr
     try:
