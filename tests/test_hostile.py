@@ -52,6 +52,11 @@ def _bomb(path):
         z.writestr("X.npy", b"\x93NUMPY\x01\x00" + buf.getvalue()[8:])
 
 
+def _read_only(path: Path):
+    path.write_bytes(b"old")
+    os.chmod(path, 0o444)
+
+
 @dataclass
 class Case:
     name: str
@@ -65,6 +70,7 @@ class Case:
     usage: bool = False  # an argparse refusal: usage lines, then the message on the last line
     progress: bool = False  # the command reports progress on stdout before it stops
     links: dict = field(default_factory=dict)  # name -> target, symlinks made before the run
+    stdin: bytes = b""  # what the command reads on stdin (the repl's script of inputs)
 
 
 # Symbols named as the generated module's own globals (INPUTS, DTYPE), its functions (grads) and
@@ -118,7 +124,7 @@ CASES = [
          ["run", "p.fd"], message=r"^b\.rules:1:1: import cycle: a\.rules imports b\.rules imports a"),
     # ---- 3. outputs -----------------------------------------------------------------------------
     Case("save-to-device", {"p.fd": HEAD + 'random 0\nsave "/dev/null" X\n'}, ["run", "p.fd"],
-         message=r"^p\.fd:5:1: cannot write this file: it is a device"),
+         message=r"^p\.fd:5:1: cannot write '/dev/null': a program writes only inside its own folder"),
     Case("save-to-folder", {"p.fd": HEAD + 'random 0\nsave "sub" X\n', "sub/keep": ""}, ["run", "p.fd"],
          message=r"^p\.fd:5:1: cannot write this file: it is a folder"),
     Case("save-then-fail", {"p.fd": HEAD + 'random 0\nsave "g.npz" X\nshow Y\n'}, ["run", "p.fd"],
@@ -209,7 +215,8 @@ CASES = [
          stdout=r"^X\^t$"),
     Case("not-utf8", {"p.fd": b"dim n\n\xff\xfe\n"}, ["run", "p.fd"],
          message=r"^p\.fd: this file is not UTF-8 text \(byte 6\)$"),
-    Case("nul-bytes", {"p.fd": "dim n\x00 = 2\n"}, ["run", "p.fd"], message=r"^p\.fd:1:6: unexpected character"),
+    Case("nul-bytes", {"p.fd": "dim n\x00 = 2\n"}, ["run", "p.fd"],
+         message=r"^p\.fd: this file is binary, not text \(a NUL byte at byte 5\); its contents are not shown$"),
     Case("long-string-in-message", {"p.fd": HEAD + 'show m("%s")\n' % ("x" * 100_000)}, ["run", "p.fd"],
          message=r"^p\.fd:4:6: .*the string 'x+\.\.\. \(100002 characters\)$"),
     Case("program-is-folder", {"p.fd/keep": ""}, ["run", "p.fd"],
@@ -242,7 +249,180 @@ CASES = [
          ["run", "p.fd"], message=r"^r\.rules:2:24: unexpected character '_'; (?!.*fdsl__).*a number"),
     Case("codegen-names-of-the-module", {"p.fd": CODEGEN_NAMES}, ["codegen", "p.fd", "--form", "w", "-o", "g.py"],
          code=0, check=lambda d: _check_codegen_names(d / "g.py")),
+] + [
+    # ---- issue 23, round 3: 1. code execution (a save over fdsl's own files) --------------------
+    Case("chain-save-over-the-grammar-cache", {"p.fd": HEAD + 'values "v.npz"\n'
+                                               'save "../cache/fdsl/grammar-%s.lark-cache" X\n' % ("0" * 32),
+                                               "v.npz": _npz(X=np.zeros((2, 2)))},
+         ["run", "p.fd"], message=r"^p\.fd:5:1: cannot write '\.\./cache/.*': '\.\.' leads out of the folder",
+         check=lambda d: _nothing_in(d.parent / "cache" / "fdsl")),
+    Case("chain-save-absolute", {"p.fd": HEAD + 'random 0\nsave "/tmp/fdsl-hostile-23.npz" X\n'}, ["run", "p.fd"],
+         message=r"^p\.fd:5:1: cannot write '/tmp/fdsl-hostile-23\.npz': a program writes only inside its own folder",
+         check=lambda d: not os.path.exists("/tmp/fdsl-hostile-23.npz") or pytest.fail("written")),
+    Case("chain-save-over-the-tables", {"p.fd": HEAD + 'random 0\nsave "g/fdsl.tables.json" X\n'}, ["run", "p.fd"],
+         links={"g": str(REPO / "grammar")}, message=r"^p\.fd:5:1: cannot write 'g/fdsl\.tables\.json': it leads out"),
+    # ---- 2. files read are what they claim -------------------------------------------------------
+    Case("rules-proc-environ", {"p.fd": 'rules "/proc/self/environ"\n'}, ["run", "p.fd"],
+         message=r"^p\.fd:1:1: cannot read this rule file: it is a file of the system \(/proc\).*not shown$"),
+    Case("import-proc-environ", {"p.fd": 'rules "r.rules"\n', "r.rules": 'import "/proc/self/environ"\n'},
+         ["run", "p.fd"], message=r"cannot read this rule file: it is a file of the system \(/proc\)"),
+    Case("rules-link-to-proc", {"p.fd": 'rules "e.rules"\n'}, ["run", "p.fd"], links={"e.rules": "/proc/self/environ"},
+         message=r"^p\.fd:1:1: cannot read this rule file: it is a file of the system \(/proc\)"),
+    Case("program-proc-environ", {}, ["run", "/proc/self/environ"],
+         message=r"^/proc/self/environ: cannot read this file: it is a file of the system"),
+    Case("rules-binary", {"p.fd": 'rules "r.rules"\n', "r.rules": b"\x7fELF\x02\x01\x01\x00secret\n"},
+         ["run", "p.fd"], message=r"this rule file is binary, not text"),
+    # ---- 3. outputs never replace an input ---------------------------------------------------------
+    Case("save-over-the-program", {"p.fd": HEAD + 'random 0\nsave "p.fd" X\n'}, ["run", "p.fd"],
+         message=r"^p\.fd:5:1: cannot write this file: it is one of this command's inputs",
+         check=lambda d: _unchanged(d / "p.fd", HEAD + 'random 0\nsave "p.fd" X\n')),
+    Case("save-through-a-link-to-the-program", {"p.fd": HEAD + 'random 0\nsave "l.npz" X\n'}, ["run", "p.fd"],
+         links={"l.npz": "p.fd"}, message=r"^p\.fd:5:1: cannot write this file: it is one of this command's inputs"),
+    Case("save-over-the-rule-file", {"p.fd": 'rules "r.rules"\n' + HEAD + 'random 0\nsave "r.rules" X\n',
+                                     "r.rules": "operator twice(A) = 2 A\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:6:1: cannot write this file: it is one of this command's inputs",
+         check=lambda d: _unchanged(d / "r.rules", "operator twice(A) = 2 A\n")),
+    Case("save-over-the-values-file", {"p.fd": HEAD + 'values "v.npz"\nsave "v.npz" X\n',
+                                       "v.npz": _npz(X=np.ones((2, 2)))}, ["run", "p.fd"],
+         message=r"^p\.fd:5:1: cannot write this file: it is one of this command's inputs"),
+    Case("grad-out-the-program", {"p.fd": HEAD + "w = form(W)\n"},
+         ["grad", "p.fd", "--form", "w", "--random", "0", "--out", "p.fd"],
+         message=r"^p\.fd: cannot write this file: it is one of this command's inputs"),
+    Case("codegen-out-the-program", {"p.fd": HEAD + "w = form(W)\n"}, ["codegen", "p.fd", "--form", "w", "-o", "p.fd"],
+         message=r"^p\.fd: cannot write this file: it is one of this command's inputs"),
+    Case("train-log-the-program", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "1", "--lr", "0.1", "--log", "p.fd"],
+         message=r"^p\.fd: cannot write this file: it is one of this command's inputs"),
+    Case("flow-out-the-program", {"p.fd": HEAD + "w = form(W)\n"},
+         ["flow", "p.fd", "--form", "w", "--random", "0", "--out", "p.fd"],
+         message=r"^p\.fd: cannot write this file: it is one of this command's inputs"),
+    Case("grad-out-the-rule-file", {"p.fd": 'rules "r.rules"\n' + HEAD + "w = form(W)\n",
+                                    "r.rules": "operator twice(A) = 2 A\n"},
+         ["grad", "p.fd", "--form", "w", "--random", "0", "--out", "r.rules"],
+         message=r"^r\.rules: cannot write this file: it is one of this command's inputs"),
+    Case("grad-out-dev-stdout", {"p.fd": HEAD + "w = form(W)\n"},
+         ["grad", "p.fd", "--form", "w", "--random", "0", "--out", "/dev/stdout"],
+         message=r"^/dev/stdout: cannot write this file: it leads into /dev"),
+    Case("grad-out-proc-fd", {"p.fd": HEAD + "w = form(W)\n"},
+         ["grad", "p.fd", "--form", "w", "--random", "0", "--out", "/proc/self/fd/1"],
+         message=r"^/proc/self/fd/1: cannot write this file: it leads into /proc"),
+    Case("grad-out-link-to-proc", {"p.fd": HEAD + "w = form(W)\n"},
+         ["grad", "p.fd", "--form", "w", "--random", "0", "--out", "o.npz"], links={"o.npz": "/proc/self/fd/1"},
+         message=r"^o\.npz: cannot write this file: it leads into /proc"),
+    Case("save-read-only", {"p.fd": HEAD + 'random 0\nsave "ro.npz" X\n', "ro.npz": _read_only},
+         ["run", "p.fd"], message=r"^p\.fd:5:1: cannot write this file: it is read-only \(mode 444\)"),
+    Case("grad-out-read-only", {"p.fd": HEAD + "w = form(W)\n", "ro.npz": _read_only},
+         ["grad", "p.fd", "--form", "w", "--random", "0", "--out", "ro.npz"],
+         message=r"^ro\.npz: cannot write this file: it is read-only"),
+    Case("repl-diagram-over-the-loaded-program", {"p.fd": HEAD}, ["repl"],
+         stdin=b":load p.fd\n:diagram X -o p.fd\nshow 1 + 1\n",
+         message=r"p\.fd: cannot write this file: it is one of this command's inputs", progress=True,
+         check=lambda d: _unchanged(d / "p.fd", HEAD)),
+    # ---- 4. writes only inside the program's folder ------------------------------------------------
+    Case("save-dot-dot", {"p.fd": HEAD + 'random 0\nsave "../../outside/a/b/x.npz" X\n'}, ["run", "p.fd"],
+         message=r"^p\.fd:5:1: cannot write '.*': '\.\.' leads out of the folder"),
+    Case("save-dangling-link-out", {"p.fd": HEAD + 'random 0\nsave "d.npz" X\n'}, ["run", "p.fd"],
+         links={"d.npz": "../../outside/new.npz"}, message=r"^p\.fd:5:1: cannot write 'd\.npz': it leads out"),
+    Case("save-through-a-folder-link-out", {"p.fd": HEAD + 'random 0\nsave "sub/x.npz" X\n'}, ["run", "p.fd"],
+         links={"sub": "../../outside"}, message=r"^p\.fd:5:1: cannot write 'sub/x\.npz': it leads out"),
+    Case("plot-out", {"p.fd": HEAD + 'random 0\nw = form(X - W)\ne = train(w, 2, 0.1, 1)\nplot "../x.png" e\n'},
+         ["run", "p.fd"], message=r"^p\.fd:7:1: cannot write '\.\./x\.png': '\.\.' leads out"),
+    Case("csv-save-absolute", {"p.fd": HEAD + 'random 0\nw = form(X - W)\ne = train(w, 2, 0.1, 1)\n'
+                                            'save "/tmp/fdsl-hostile-23.csv" e\n'},
+         ["run", "p.fd"], message=r"^p\.fd:7:1: cannot write '/tmp/fdsl-hostile-23\.csv': a program writes only"),
+    Case("diagram-out", {"p.fd": HEAD + 'show diagram(X, "../x.svg")\n'}, ["run", "p.fd"],
+         message=r"^p\.fd:4:6: cannot write '\.\./x\.svg': '\.\.' leads out"),
+    Case("repl-diagram-out", {}, ["repl"], stdin=HEAD.encode() + b":diagram X -o ../x.svg\nshow 1 + 1\n",
+         message=r"cannot write '\.\./x\.svg': '\.\.' leads out", progress=True),
+    Case("save-into-new-folders-then-fail", {"p.fd": HEAD + 'random 0\nsave "a/b/g.npz" X\nsave "c/h.npz" X\n'
+                                                           'show Y\n'}, ["run", "p.fd"],
+         message=r"^p\.fd:7:6: unknown name 'Y'", absent=("a", "c")),
+    # ---- 6. terminals and spreadsheets ------------------------------------------------------------
+    Case("escape-in-the-program", {"p.fd": HEAD + "show X\x1b]52;c;ZXZpbA==\x07\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:4:7: unexpected character '\\x1b'"),
+    Case("escape-in-a-shown-string", {"p.fd": 'show "a\x1b[2Jb"\n'}, ["run", "p.fd"], code=0,
+         stdout=r"^a\\x1b\[2Jb$"),
+    Case("escape-in-a-rule-file", {"p.fd": 'rules "r.rules"\n', "r.rules": "ruleset z\x1b]0;pwned\x07\n"},
+         ["run", "p.fd"], message=r"^r\.rules:1:10: unexpected character '\\x1b'"),
+    Case("escape-in-a-values-key", {"p.fd": HEAD + 'values "v.npz"\n',
+                                    "v.npz": _npz(**{"X\x1b[2J": np.ones((2, 2))})}, ["run", "p.fd"],
+         message=r"\\x1b\[2J"),
+    Case("escape-on-the-repl", {}, ["repl"], stdin=b"show \"\x1b]0;title\x07\"\nshow Z\x1b[2J\n", progress=True,
+         message=r"^<stdin>:2:7: unexpected character '\\x1b'"),
+    Case("repl-invalid-utf8", {}, ["repl"], stdin=b"show \xff\xfe\nshow 1 + 1\n", progress=True,
+         message=r"^<stdin>:1:6: unexpected character", check=lambda d: None),
+    Case("csv-formula-labels", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "2", "--lr", "0.1", "--watch",
+          "-1+trace(W) # =cmd|' /C calc'!A0", "--log", "l.csv"], code=0,
+         stdout=r"wrote l\.csv", check=lambda d: _csv_safe(d / "l.csv")),
+    Case("plot-mathtext-label", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "2", "--lr", "0.1", "--watch",
+          "trace(W) # $\\nosuchcmd$", "--plot", "l.png"], code=0, stdout=r"wrote l\.png"),
+    # ---- 7. names and numbers ---------------------------------------------------------------------
+    Case("family-member-and-symbol", {"p.fd": "dim n = 2\nweight Q[i] : n x n\nweight Q_0 : n x n\n"},
+         ["run", "p.fd"], message=r"^p\.fd:3:8: Q_0 would print as the member Q\[0\] of the family Q"),
+    Case("symbol-then-family", {"p.fd": "dim n = 2\nweight Q_0_1 : n x n\nweight Q[i, j] : n x n\n"},
+         ["run", "p.fd"], message=r"^p\.fd:3:8: the family Q would have a member printed Q_0_1"),
+    Case("numbers-side-by-side-overflow", {"p.fd": HEAD + "show 1e300 1e300 X\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:4:12: this number is out of range"),
+    Case("numbers-side-by-side-underflow", {"p.fd": HEAD + "random 0\nshow eval(1e-300 1e-300 X)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:5:18: this number is out of range"),
+    Case("numbers-side-by-side-in-grad", {"p.fd": HEAD + "w = form(1e200 1e200 X W)\n"},
+         ["grad", "p.fd", "--form", "w", "--random", "0", "--out", "g.npz"],
+         message=r"^p\.fd:4:16: this number is out of range", absent=("g.npz",)),
+    Case("literal-below-float64", {"p.fd": HEAD + "show 1e-330 X\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:4:6: the number 1e-330 is out of range"),
+    Case("torch-model-names", {"p.fd": "dim n = 3, k = 2\nconst X : n x k, Y : n x k\n"
+                                       "weight training, forward, cuda, w_training : k x k\n"
+                                       "E := Y - X training forward cuda w_training\nw = form(E)\n"},
+         ["codegen", "p.fd", "--form", "w", "--target", "torch", "-o", "m.py"], code=0, stdout=r"wrote m\.py",
+         check=lambda d: _check_torch_model(d / "m.py")),
+    Case("watch-named-like-a-log-column", {"p.fd": "dim n = 2\nconst X : n x n\nweight loss, cg_iterations : n x n\n"
+                                                   "w = form(X - loss cg_iterations)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "1", "--lr", "0.01", "--watch", "loss",
+          "--watch", "cg_iterations", "--log", "l.csv"], code=0, stdout=r"wrote l\.csv",
+         check=lambda d: _check_header(d / "l.csv", "step,loss,watch loss,watch cg_iterations")),
+    # ---- 8. cheap tracebacks -----------------------------------------------------------------------
+    Case("eye-of-minus-one", {"p.fd": "show eval(eye(-1))\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:1:11: a size is a whole number of at least 1, not -1$"),
+    Case("nul-in-a-save-path-on-the-repl", {}, ["repl"], stdin=HEAD.encode() + b'random 0\nsave "a\x00b.npz" X\n',
+         progress=True, message=r"(binary|NUL)"),
 ]
+
+
+def _nothing_in(folder: Path):
+    assert not folder.exists() or not any(folder.rglob("*")), list(folder.rglob("*"))
+
+
+def _unchanged(path: Path, text: str):
+    assert path.read_text() == text, "%s was overwritten" % path.name
+
+
+def _csv_safe(path: Path):
+    import csv
+
+    header = next(csv.reader(path.open()))
+    assert header[2] == "'-1+trace(W) # =cmd|' /C calc'!A0", header
+    assert not any(cell[:1] in "=+-@\t\r" for cell in header if cell), header
+
+
+def _check_header(path: Path, header: str):
+    assert path.read_text().splitlines()[0] == header, path.read_text()[:200]
+
+
+def _check_torch_model(path: Path):
+    code = ("import importlib.util, sys, torch\n"
+            "spec = importlib.util.spec_from_file_location('m', sys.argv[1])\n"
+            "m = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(m)\n"
+            "model = m.Model(generator=torch.Generator().manual_seed(0))\n"
+            "names = sorted(n for n, _ in model.named_parameters())\n"
+            "assert len(names) == 4 and model.training is True and callable(model.forward), names\n"
+            "loss = model(X=torch.ones(3, 2, dtype=torch.float64), Y=torch.zeros(3, 2, dtype=torch.float64))\n"
+            "loss.backward(); assert all(p.grad is not None for p in model.parameters())\n")
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def _limits():
@@ -272,8 +452,8 @@ def _run(case: Case, root: Path):
                PYTHONIOENCODING="utf-8", XDG_CACHE_HOME=str(root / "cache"))
     before = _snapshot(root.parent / "outside")
     proc = subprocess.run([sys.executable, "-m", "fdsl.cli", *case.argv], cwd=folder, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                          preexec_fn=_limits, timeout=4 * CPU_SECONDS)
+                          input=case.stdin.decode("utf-8", "surrogateescape"), capture_output=True, text=True,
+                          errors="surrogateescape", preexec_fn=_limits, timeout=4 * CPU_SECONDS)
     return proc, folder, before == _snapshot(root.parent / "outside")
 
 
@@ -295,6 +475,11 @@ def test_hostile_input(results, case):
     proc, folder, outside_untouched = results[case.name]
     err = proc.stderr
     assert "Traceback" not in err and "Error:" not in err.split(":", 1)[0], err[-2000:]
+    # nothing reaches the terminal raw: no escape sequence, bell or other control character, and
+    # never the environment (OPENBLAS_NUM_THREADS is one of the variables the cases run with)
+    for stream in (err, proc.stdout):
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", stream), repr(stream[-500:])
+        assert "OPENBLAS_NUM_THREADS" not in stream
     assert proc.returncode == case.code, (proc.returncode, err[-2000:], proc.stdout[-500:])
     assert outside_untouched
     assert not any(p.name.endswith(".tmp") for p in folder.rglob("*")), "a temporary file was left behind"
@@ -323,3 +508,97 @@ def test_the_corpus_covers_every_kind_of_the_issue():
                  "deep-transpose", "overflow-in-eval", "training-diverges", "byte-order-mark", "literal-1e308",
                  "latex-injection", "codegen-backslash-path", "step-limit-zero", "step-limit-negative"):
         assert kind in names
+
+
+# ---- issue 23: the parts below the command line ---------------------------------------------------
+
+
+def test_a_failed_write_removes_the_folders_it_made(tmp_path):
+    from fdsl.base.errors import FdslError
+    from fdsl.base.files import Write, perform_all
+
+    def fail(tmp):
+        raise FdslError("the second file fails")
+
+    good = Write(tmp_path / "a" / "b" / "x.npz", lambda tmp: Path(tmp).write_bytes(b"x"))
+    bad = Write(tmp_path / "c" / "d" / "y.npz", fail)
+    with pytest.raises(FdslError):
+        perform_all([good, bad], None, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_temporaries_of_a_killed_write_do_not_accumulate(tmp_path):
+    from fdsl.base.files import atomic_write
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process that has ended
+    stale = tmp_path / (".x.npz.fdsl-%d-abcd.tmp" % pid)
+    stale.write_bytes(b"half of 200 MB")
+    live = tmp_path / (".x.npz.fdsl-%d-efgh.tmp" % os.getpid())  # a write still under way: kept
+    live.write_bytes(b"")
+    other = tmp_path / (".y.npz.fdsl-%d-abcd.tmp" % pid)  # another target's: not this write's business
+    other.write_bytes(b"")
+    atomic_write(tmp_path / "x.npz", lambda tmp: Path(tmp).write_bytes(b"new"))
+    assert not stale.exists() and live.exists() and other.exists()
+    assert (tmp_path / "x.npz").read_bytes() == b"new"
+
+
+def test_an_interrupted_write_leaves_no_temporary(tmp_path):
+    from fdsl.base.files import atomic_write
+
+    def interrupted(tmp):
+        Path(tmp).write_bytes(b"part")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "sub" / "x.npz", interrupted)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_repl_temp_folder_is_checked(tmp_path):
+    from fdsl.base.errors import FdslError
+    from fdsl.repl.session import private_folder
+
+    mine = private_folder(tmp_path / "fdsl-1")
+    assert mine.stat().st_mode & 0o777 == 0o700
+    open_folder = tmp_path / "fdsl-2"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)  # made first by someone else, open to all
+    with pytest.raises(FdslError, match="others may open it"):
+        private_folder(open_folder)
+    (tmp_path / "fdsl-3").symlink_to(mine)
+    with pytest.raises(FdslError, match="not a folder"):
+        private_folder(tmp_path / "fdsl-3")
+    if os.geteuid() == 0:
+        theirs = tmp_path / "fdsl-4"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(FdslError, match="another user"):
+            private_folder(theirs)
+
+
+def test_a_history_file_that_is_not_a_file_is_not_read(tmp_path, monkeypatch):
+    from fdsl.base.errors import FdslError
+    from fdsl.repl.terminal import usable_history
+
+    monkeypatch.setenv("FDSL_HISTORY", "set")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for bad in (fifo, Path("/dev/zero"), tmp_path):
+        with pytest.raises(FdslError, match="not a regular file"):
+            usable_history(bad)
+    assert usable_history(tmp_path / "h") == tmp_path / "h" and (tmp_path / "h").is_file()
+    monkeypatch.delenv("FDSL_HISTORY")
+    (tmp_path / "shared").mkdir(mode=0o777)
+    (tmp_path / "shared").chmod(0o777)
+    with pytest.raises(FdslError, match="others may open it"):
+        usable_history(tmp_path / "shared" / "history")
+
+
+def test_printable_escapes_what_drives_a_terminal():
+    from fdsl.base.errors import FdslError, printable
+
+    assert printable("a\x1b]52;c;eA==\x07b\u202e") == "a\\x1b]52;c;eA==\\x07b\\u202e"
+    assert printable("tab\tand\nline") == "tab\tand\nline"
+    e = FdslError("bad \x1b[2J", "f\x1b.fd", 1, 4, "ab\x1bc\n")
+    assert str(e) == "f\\x1b.fd:1:4: bad \\x1b[2J\n    ab\\x1bc\n          ^"  # the caret under c

@@ -71,6 +71,15 @@ class Model(torch.nn.Module):
 
     def __init__(self, weights=None, dtype=torch.float64, device=None, generator=None):
         super().__init__()
+        # each weight's attribute: its name, unless that is one of torch.nn.Module's own (training,
+        # forward, cuda, ...) or taken: then w_ before it, as often as needed
+        self._fdsl_attributes = attributes = {}
+        for name in WEIGHTS:
+            attribute = name
+            while hasattr(self, attribute) or attribute in attributes.values() or \
+                    (attribute in WEIGHTS and attribute != name):
+                attribute = "w_" + attribute
+            attributes[name] = attribute
         for name in WEIGHTS:
             if weights is not None and name in weights:
                 value = torch.as_tensor(weights[name], dtype=dtype, device=device).clone()
@@ -79,12 +88,12 @@ class Model(torch.nn.Module):
                 if None in shape:
                     raise ValueError("the shape of %%s has a dim without a size: give its initial value" %% name)
                 value = torch.randn(shape, dtype=dtype, device=device, generator=generator) / shape[0] ** 0.5
-            self.register_parameter(name, torch.nn.Parameter(value))
+            self.register_parameter(self._fdsl_attributes[name], torch.nn.Parameter(value))
 
     def forward(self, **data):
         values = dict(data)
         for name in WEIGHTS:
-            values[name] = getattr(self, name)
+            values[name] = getattr(self, self._fdsl_attributes[name])
         return loss(values)
 '''
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..base.errors import FdslError
-from ..base.files import Write
+from ..base.files import Write, target_of
 from ..base.limits import DEFAULT_MAX_EDGES, DEFAULT_MAX_NODES
 from ..base.progress import slow
 from ..core.functions import describe, function
@@ -329,7 +329,9 @@ def _diagram(program, value, path):
         raise FdslError('the file of a diagram must be a string in quotes, like "e.svg", not %s' % describe(path))
     output_format(path)
     picture = diagram(value)
-    write, fallback = picture.plan(program.resolve_path(path))
+    target = program.output_path(path)
+    target_of(target)  # checked now, so the message points at the call
+    write, fallback = picture.plan(target)
     program.effects.append(write)  # performed by Program.run, so a failing program writes nothing
     return DiagramNote(note(path, picture.nodes, fallback))
 

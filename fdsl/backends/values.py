@@ -378,7 +378,7 @@ def _save(program, st):
     csv = len(items) > 1 and items[0].kind == "string" and items[0].value.endswith(".csv")
     st = type(st)(st.kind, st.line, st.col, st.name, items=items)
     path, *values = _args(program, st, 2, len(items) if csv else 2, STATEMENTS["save"].usage)
-    path = program.resolve_path(_string_arg(path, "a file name"))
+    path = program.output_path(_string_arg(path, "a file name"), st.line, st.col)
     try:
         target_of(path)  # checked now, so the message points at the statement
     except FdslError as e:

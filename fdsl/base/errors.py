@@ -6,7 +6,23 @@ Anything else escaping is a bug in fdsl, not in the user's input.
 
 from __future__ import annotations
 
+import re
 from typing import Optional
+
+# control characters (C0, DEL, C1) and the invisible bidirectional controls: echoed raw they would
+# drive the terminal (clear the screen, set its title, OSC 52 writes the clipboard) or reorder what
+# it shows; everything fdsl prints that came from a user's file passes through ``printable``
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, newlines: bool = True) -> str:
+    """``text`` with its control characters written as escapes (``\\x1b``, ``\\u202e``): safe for a
+    terminal; tabs and (when ``newlines``) line ends are kept, since they only move the cursor."""
+    def escape(m):
+        c = ord(m.group())
+        return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
+    text = _CONTROL.sub(escape, text)
+    return text if newlines else text.replace("\n", "\\n")
 
 
 class FdslError(Exception):
@@ -45,15 +61,16 @@ class FdslError(Exception):
         # an error of no file and no position (a command-line flag's, --coeff X0) is its message
         # alone: "<input>:" would send the reader looking for an input that was never read
         located = self.file is not None or self.line is not None
-        lines = ["%s: %s" % (self.where(), self.message) if located else self.message]
+        lines = ["%s: %s" % (printable(self.where(), False), printable(self.message)) if located
+                 else printable(self.message)]
         if self.source is not None and self.line is not None:
-            src_lines = self.source.splitlines()
+            src_lines = self.source.split("\n")  # only newlines end a line, as in the parser
             if 0 < self.line <= len(src_lines):
-                text = src_lines[self.line - 1].expandtabs(1)
-                lines.append("    " + text)
-                if self.col is not None:
-                    lines.append("    " + " " * (self.col - 1) + "^")
-        lines.extend(self.notes)
+                text = src_lines[self.line - 1].removesuffix("\r").expandtabs(1)
+                lines.append("    " + printable(text, False))
+                if self.col is not None:  # the caret under the character, after its escaped prefix
+                    lines.append("    " + " " * len(printable(text[:self.col - 1], False)) + "^")
+        lines.extend(printable(n) for n in self.notes)
         return "\n".join(lines)
 
 

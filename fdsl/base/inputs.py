@@ -32,8 +32,49 @@ def kind_of(mode: int) -> str:
     return next((k for test, k in _KINDS if test(mode)), "not a regular file")
 
 
+_PSEUDO = ("/dev", "/proc", "/sys")
+
+
+def pseudo(path: str):
+    """The pseudo file system (/dev, /proc, /sys) writing ``path`` would pass through, or None:
+    the path itself, each folder on the way and each link followed, hop by hop."""
+    seen = 0
+    current = os.path.abspath(path)
+    while True:
+        for p in (current, os.path.realpath(os.path.dirname(current))):
+            top = next((t for t in _PSEUDO if p == t or p.startswith(t + "/")), None)
+            if top:
+                return top
+        if not os.path.islink(current) or seen > 40:
+            return None
+        seen += 1
+        current = os.path.join(os.path.realpath(os.path.dirname(current)), os.readlink(current))
+
+
+# (device, inode, time of change) of every program, rule file and values file this process has read: outputs never
+# replace one of them (fdsl/base/files.py), whatever name or link leads there
+_READ: set = set()
+
+
+def remember(path) -> None:
+    """Mark ``path`` as an input (before it is read), if it is a regular file."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(st.st_mode):
+        _READ.add((st.st_dev, st.st_ino, st.st_mtime_ns))
+
+
+def was_read(st: os.stat_result) -> bool:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns) in _READ
+
+
 def regular_file(path, what: str) -> os.stat_result:
-    """The status of ``path`` if it is a regular file (symlinks followed); else an FdslError."""
+    """The status of ``path`` if it is a regular file (symlinks followed); else an FdslError. The
+    file is remembered as an input, which no output may replace."""
+    if "\0" in str(path):
+        raise FdslError("cannot read this %s: a file name cannot hold a NUL character" % what, file=repr(str(path)))
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -42,13 +83,21 @@ def regular_file(path, what: str) -> os.stat_result:
         raise FdslError("cannot read this %s: %s" % (what, e.strerror or e), file=str(path)) from None
     if not stat.S_ISREG(st.st_mode):
         raise FdslError("cannot read this %s: it is %s, not a file" % (what, kind_of(st.st_mode)), file=str(path))
+    _READ.add((st.st_dev, st.st_ino, st.st_mtime_ns))
     return st
 
 
 def read_source(path, what: str = "file") -> str:
-    """The text of a program or rule file: a regular file, at most MAX_SOURCE_BYTES, UTF-8."""
+    """The text of a program or rule file: a regular file, at most MAX_SOURCE_BYTES, UTF-8 text.
+    Never a file of /proc, /sys or /dev (``/proc/self/environ`` is a regular file holding every
+    environment variable: its "syntax error" would print them), nor a binary file (a NUL byte):
+    both are refused without a word of their contents."""
     path = Path(path)
     st = regular_file(path, what)
+    top = pseudo(str(path))
+    if top:
+        raise FdslError("cannot read this %s: it is a file of the system (%s), not a program or rule file; "
+                        "its contents are not shown" % (what, top), file=str(path))
     if st.st_size > MAX_SOURCE_BYTES:
         raise FdslError("this %s is %s, more than the %s a program or rule file may have"
                         % (what, size_text(st.st_size), size_text(MAX_SOURCE_BYTES)), file=str(path))
@@ -58,9 +107,13 @@ def read_source(path, what: str = "file") -> str:
     except OSError as e:
         raise FdslError("cannot read this %s: %s" % (what, e.strerror or e), file=str(path)) from None
     try:
-        return data.decode("utf-8-sig")  # -sig: a byte-order mark at the start is dropped
+        text = data.decode("utf-8-sig")  # -sig: a byte-order mark at the start is dropped
     except UnicodeDecodeError as e:
         raise FdslError("this %s is not UTF-8 text (byte %d)" % (what, e.start), file=str(path)) from None
+    if "\0" in text:
+        raise FdslError("this %s is binary, not text (a NUL byte at byte %d); its contents are not shown"
+                        % (what, data.index(b"\0")), file=str(path))
+    return text
 
 
 def memory_budget() -> int:

@@ -10,6 +10,7 @@ function that runs it; a command imports the library when it runs, so building t
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 
@@ -55,11 +56,28 @@ def _completion(parser, sub) -> None:
                           "(bash, zsh, tcsh, fish or powershell): eval \"$(fdsl --print-completion bash)\"")
 
 
+def _inputs_of(args) -> None:
+    """Mark the files the command line names as inputs (the program, rule files, a values file)
+    before anything is checked: no output may replace one of them (``fdsl.base.files``)."""
+    from ..base.inputs import remember
+
+    for name in ("file", "files", "rules", "values"):
+        value = getattr(args, name, None)
+        for path in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(path, str):
+                remember(path)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # a kill (SIGTERM) ends the work as Ctrl-C does: temporary files removed
+
+
 def _main(argv, result):
     args = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        _inputs_of(args)
         result.append(args.func(args))
     except FdslError as e:
         if e.file is None and isinstance(getattr(args, "file", None), str):
@@ -82,10 +100,16 @@ def main(argv=None) -> int:
     sys.setrecursionlimit(_RECURSION_LIMIT)
     threading.stack_size(_STACK_BYTES)
     try:
+        term = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: leave the signals alone
+        term = None
+    try:
         return _run_worker(argv)
     finally:
         sys.setrecursionlimit(limit)
         threading.stack_size(stack)
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
 
 
 def _run_worker(argv) -> int:

@@ -23,6 +23,10 @@ def _cmd_repl(args) -> int:
     if use_terminal:
         interactive(session)
         return 0
+    try:  # bytes that are not UTF-8 are a character of their own (U+FFFD), then a syntax error
+        sys.stdin.reconfigure(errors="replace")
+    except (AttributeError, ValueError):
+        pass
     script(session, sys.stdin)
     return 2 if session.failed else 0
 

@@ -13,13 +13,10 @@ and shares the expression part through ``parse_expression_tree``-style reuse of 
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from pathlib import Path
 from typing import Optional
 
 from lark import Lark, Token, Transformer_NonRecursive, v_args
@@ -27,7 +24,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from ..base.errors import FdslError
 from ..base.numbers import OUT_OF_RANGE, number_problem
-from ..base.resources import grammar_path
+from . import tables
 from .hints import syntax_hint
 
 
@@ -95,66 +92,14 @@ def _expected(names, literals=None) -> str:
     return ", ".join(items[:-1]) + " or " + items[-1]
 
 
-class _NewlinesInBrackets:
-    """Postlexer: a newline inside (...) or [...] is whitespace, so long expressions can wrap."""
-
-    always_accept = ("_NL",)
-    _open = {"LPAR", "CALL", "LSQB"}
-    _close = {"RPAR", "RSQB"}
-
-    def process(self, stream):
-        depth = 0
-        for tok in stream:
-            if tok.type in self._open:
-                depth += 1
-            elif tok.type in self._close:
-                depth = max(0, depth - 1)
-            elif tok.type == "_NL" and depth:
-                continue
-            yield tok
+_NewlinesInBrackets = tables.NewlinesInBrackets
 
 
 @lru_cache(maxsize=None)
 def _parser(grammar: str, start: str = "start") -> Lark:
-    path = grammar_path(grammar)
-    text = path.read_text()
-    return Lark(text, parser="lalr", propagate_positions=True, import_paths=[str(path.parent)],
-                postlex=_NewlinesInBrackets(), start=start, maybe_placeholders=False,
-                cache=_cache_file(grammar, start, text))
-
-
-def _cache_file(grammar: str, start: str, text: str):
-    """Where Lark may keep the built LALR tables (a pickle, which loading would run), or False.
-
-    Only in a folder of this user's own: ``platformdirs.user_cache_dir("fdsl")`` (~/.cache/fdsl),
-    made 0700 and checked before every use to be a real folder (not a link), owned by this user
-    and closed to everyone else; the file too must be this user's regular file, or absent. Never
-    the shared temp folder, where another user could plant a pickle. Any doubt means no cache:
-    building the tables costs about 0.1 s (BENCHMARKS.md). ``FDSL_NO_CACHE=1`` turns it off."""
-    if os.environ.get("FDSL_NO_CACHE") or not hasattr(os, "getuid"):
-        return False
-    import hashlib
-
-    import lark
-    import platformdirs
-
-    folder = Path(platformdirs.user_cache_dir("fdsl", appauthor=False))
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(folder)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            return False
-        key = hashlib.sha256(("%s|%s|%s|%s" % (lark.__version__, grammar, start, text)).encode()).hexdigest()[:32]
-        file = folder / ("grammar-%s.lark-cache" % key)
-        try:
-            st = os.lstat(file)
-        except FileNotFoundError:
-            return str(file)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            return False
-        return str(file)
-    except OSError:
-        return False
+    # the tables come from grammar/<grammar>.tables.json (plain data, made ahead of time) or are
+    # built from the grammar; never from a pickle (fdsl/lang/tables.py says why)
+    return tables.load(grammar, start, postlex=_NewlinesInBrackets(), propagate_positions=True)
 
 
 def _pos(x):

@@ -171,11 +171,33 @@ class Program:
         value = None
         if item["value"] is not None:
             value = self._symbol_value(kind, name, shape, item["value"])
+        clash = self._printed_clash(name, bool(item["indices"]))
+        if clash:
+            raise where(clash)
         self._declare_name(name, kind, line, col)
         if item["indices"]:
             self.families[name] = Family(kind, item["indices"], shape, value, scalar_weight)
         else:
             self.symbols[name] = T.sym(Symbol(name, (), kind, value, scalar_weight), shape)
+
+    def _printed_clash(self, name: str, family: bool):
+        """Why ``name`` would print as a member of a family, or a family's members as a declared name
+        (``weight Q[i]`` and ``weight Q_0`` both print ``Q_0``: one key in value and gradient files,
+        one gradient for two weights); None if they stay apart."""
+        parts = name.split("_")
+        for k in range(1, len(parts)):
+            base, rest = "_".join(parts[:k]), parts[k:]
+            if base in self.families and all(p.isdigit() for p in rest):
+                return ("%s would print as the member %s[%s] of the family %s (%s): one name for two things; "
+                        "rename one" % (name, base, ", ".join(str(int(p)) for p in rest), base,
+                                        self.declared_at.get(base, "declared")))
+        if family:
+            for other in list(self.symbols) + list(self.families):
+                tail = other[len(name) + 1:].split("_") if other.startswith(name + "_") else None
+                if tail and all(p.isdigit() for p in tail):
+                    return ("the family %s would have a member printed %s, the name of %s (%s): one name for two "
+                            "things; rename one" % (name, other, other, self.declared_at.get(other, "declared")))
+        return None
 
     def _symbol_value(self, kind, name, shape, node: Node):
         if kind == "const" and node.kind == "name" and node.value in ("ones", "identity", "causal"):
@@ -349,6 +371,14 @@ class Program:
                 total = total * v if kind != "add" else total - v if negated else total + v
                 _check_number(total, n, self)
             return total
+        # the numbers among the operands are folded into one coefficient by the term (1e300 1e300 X):
+        # checked as they fold, as a product of numbers alone is
+        total = None
+        for (negated, n), v in zip(parts, values):
+            if _is_number(v):
+                v = -v if negated else v
+                total = v if total is None else total * v if kind != "add" else total + v
+                _check_number(total, n, self)
         terms = [as_term(v, "an operand of %s" % _OPNAME["sub" if negated else kind])
                  for (negated, _), v in zip(parts, values)]
         matrix = next((t for t in terms if not t.scalar), None)
@@ -419,7 +449,10 @@ class Program:
         """A dim given as an argument (eye(n)): its name, or a whole number."""
         if isinstance(value, Term) and value.op == "sym" and value.data[0].kind == "dim":
             return value.data[0].name
-        return as_int(value, "a size")
+        size = as_int(value, "a size")
+        if size < 1:  # as dim n = 0 is refused: numpy has no identity of -1 rows
+            raise FdslError("a size is a whole number of at least 1, not %d" % size)
+        return size
 
     def family_member(self, name: str, index: tuple, node: Node) -> Term:
         fam = self.families[name]
@@ -635,8 +668,19 @@ class Program:
             self.effects.clear()
 
     def resolve_path(self, path: str) -> Path:
+        """A file the program reads (rules, values): relative names are the program's folder's."""
         p = Path(path)
         return p if p.is_absolute() else self.base_dir / p
+
+    def output_path(self, name: str, line=None, col=None) -> Path:
+        """A file the program writes (``save``, ``plot``, ``diagram``): only inside the program's
+        folder (``fdsl.base.files.confine``); a path leading out is an error at the statement."""
+        from ..base.files import confine
+
+        try:
+            return confine(self.base_dir, name, "a program")
+        except FdslError as e:
+            raise FdslError(e.message, line=line, col=col) from None
 
 
 def _as_list(value) -> list:

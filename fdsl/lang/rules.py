@@ -414,7 +414,17 @@ class RuleBook:
         """A new ruleset or strategy whose name is one letter or only case away from an existing
         one is almost surely meant to be that one (``ruleset expandall`` to extend ``expandAll``):
         as a new, empty ruleset it would silently change nothing. Refuse it, naming the other."""
-        for other in list(self.rulesets) + list(self.strategies) + list(BUILTIN_STRATEGIES):
+        spelling = getattr(self, "_spelling", None)
+        if spelling is None or spelling.rulesets is not self.rulesets or spelling.strategies is not self.strategies:
+            # (re)built when the tables were replaced (a failed load restores them), else grown by one
+            # name per check: a file of 20,000 rulesets is checked in linear time, not pairwise
+            spelling = self._spelling = _Spelling(self.rulesets, self.strategies)
+        rank = lambda other: (0 if other in self.rulesets else 1 if other in self.strategies else 2)
+        candidates = sorted((other for other in spelling.near(name)
+                             if other in self.rulesets or other in self.strategies or other in BUILTIN_STRATEGIES),
+                            key=lambda other: (rank(other), spelling.order[other]))
+        spelling.add(name)  # the caller declares it next (or fails, and the tables are restored)
+        for other in candidates:
             if other.lower() == name.lower() or _one_edit_apart(other, name):
                 kind = "ruleset" if other in self.rulesets else "strategy"
                 if what == kind == "ruleset":
@@ -612,6 +622,33 @@ class RuleBook:
         if isinstance(value, list):
             return [self.apply(name, v, options) for v in value]
         return self.engine.run(name, as_term(value, "the argument of %s" % name), options)
+
+
+class _Spelling:
+    """An index of ruleset and strategy names by their one-edit neighbours: the names one letter
+    (or only case) away from a name are found by a few dictionary look-ups, not by comparing it
+    with every name. Keys: the name lowercased; the name itself; the name less one letter; and the
+    name less its i-th letter with i (a changed letter)."""
+
+    def __init__(self, rulesets, strategies):
+        self.rulesets, self.strategies = rulesets, strategies
+        self.keys: dict = {}
+        self.order: dict = {}
+        for name in list(rulesets) + list(strategies) + list(BUILTIN_STRATEGIES):
+            self.add(name)
+
+    def add(self, name: str) -> None:
+        if name in self.order:
+            return
+        self.order[name] = len(self.order)
+        for key in [("lower", name.lower()), ("self", name)] + [k for i in range(len(name)) for k in (
+                ("less", name[:i] + name[i + 1:]), ("changed", i, name[:i] + name[i + 1:]))]:
+            self.keys.setdefault(key, []).append(name)
+
+    def near(self, name: str) -> set:
+        keys = [("lower", name.lower()), ("less", name)] + [k for i in range(len(name)) for k in (
+            ("self", name[:i] + name[i + 1:]), ("changed", i, name[:i] + name[i + 1:]))]
+        return {other for key in keys for other in self.keys.get(key, ()) if other != name}
 
 
 def _one_edit_apart(a: str, b: str) -> bool:

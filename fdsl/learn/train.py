@@ -66,7 +66,7 @@ class Trainer:
         if not self.coefficients:
             raise FdslError("%s involves no weight: there is nothing to train" % what)
         self.dual = Dualizer(program, list(self.coefficients), what)  # the metric, prepared once
-        self.watches = list(watches)  # [(label, term)]
+        self.watches = _distinct_labels(list(watches))  # [(label, term)]
         self.scalars = {label for label, t in self.watches if t.scalar}  # recorded as values, not norms
         self.terms = list(self.coefficients.values()) + [t for t in (self.error, self.objective) if t is not None]
         self.terms += self.dual.terms() + [t for _, t in self.watches]
@@ -159,10 +159,11 @@ class Trainer:
         out = "step %5d  %s %.6e" % (step, self.label, loss)
         if row is None:
             return out
-        for label, x in zip(self.log.columns[2:], row[2:]):
-            if label == "cg_iterations":
+        watched = len(self.watches)
+        for k, (label, x) in enumerate(zip(self.log.columns[2:], row[2:])):
+            if k == watched:  # the solver's columns follow the watches (a watch may be named cg_...)
                 out += "  cg %d it" % x
-            elif label == "cg_residual":
+            elif k == watched + 1:
                 out += " (residual %.1e)" % x
             else:
                 out += ("  %s %.4e" if label in self.scalars else "  |%s| %.4e") % (label, x)
@@ -259,13 +260,29 @@ def _plot(program, st):
     values = [program.evaluate(node, {}) for node in items[1:]]
     if program.options.get("train") is False:
         return  # the fdsl command decides the training; the runs have no logs
-    path = program.resolve_path(items[0].value)
+    path = program.output_path(items[0].value, st.line, st.col)
     try:
         target_of(path)
     except FdslError as e:
         raise FdslError(e.message, line=st.line, col=st.col) from None
     logs = runs_of(program, items[1:], values)
     program.effects.append(Write(path, plot_write(logs)))
+
+
+# the log's own columns: a watch labelled as one of them (a weight named loss, cg_iterations) is
+# given a column of its own name instead of being read as the loss or the solver's effort
+_LOG_COLUMNS = ("step", "run", "loss", "|grad|", "cg_iterations", "cg_residual")
+
+
+def _distinct_labels(watches: list) -> list:
+    out, seen = [], set(_LOG_COLUMNS)
+    for label, term in watches:
+        column = label
+        while column in seen:
+            column = "watch %s" % column
+        seen.add(column)
+        out.append((column, term))
+    return out
 
 
 def _save_runs(program, path, nodes, values) -> Write:

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..base.errors import FdslError
+from ..base.errors import FdslError, printable
 from ..core import terms as T
 from ..core.functions import describe
 from ..core.terms import Term
@@ -103,17 +103,25 @@ def csv_text(logs: list) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if len(logs) == 1:
-        writer.writerow(logs[0].columns)
+        writer.writerow([_text_cell(c) for c in logs[0].columns])
         for row in logs[0].rows:
             writer.writerow([_cell(x) for x in row])
         return out.getvalue()
     columns = list(dict.fromkeys(c for log in logs for c in log.columns))
-    writer.writerow(["run"] + columns)
+    writer.writerow(["run"] + [_text_cell(c) for c in columns])
     for log in logs:
         where = {c: i for i, c in enumerate(log.columns)}
         for row in log.rows:
-            writer.writerow([log.name] + [_cell(row[where[c]]) if c in where else "" for c in columns])
+            writer.writerow([_text_cell(log.name)] + [_cell(row[where[c]]) if c in where else "" for c in columns])
     return out.getvalue()
+
+
+def _text_cell(text: str) -> str:
+    """A text cell (a column label, a run's name) a spreadsheet will not run: one that begins with
+    = + - @ or a tab or carriage return is a formula to Excel and LibreOffice (``-1+HYPERLINK(...)``,
+    ``=cmd|...``), so it gets a leading apostrophe, as OWASP advises; control characters are escaped."""
+    text = printable(str(text), False)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 def _cell(x) -> str:
@@ -159,22 +167,28 @@ def plot_write(logs: list, title: str = ""):
                 continue
             ys = log.column(label)
             positive = positive and all(y > 0 for y in ys if math.isfinite(y))
-            ax.plot(log.column("step"), ys, label=log.name or log.metric or None, linewidth=1.6)
+            ax.plot(log.column("step"), ys, label=_plain(log.name or log.metric) or None, linewidth=1.6)
         if positive:
             ax.set_yscale("log")
         ax.set_xlabel("step")
-        ax.set_title(_panel_title(label, k == 0), fontsize=10)
+        ax.set_title(_panel_title(label, k == 0), fontsize=10, parse_math=False)  # text, not mathtext
         ax.grid(True, which="both", alpha=0.3)
         if len(logs) > 1 or logs[0].name:
             ax.legend(fontsize=9)
     if title:
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(title, fontsize=11, parse_math=False)
     fig.tight_layout()
 
     def write(tmp):
         fig.savefig(str(tmp), format="png")
 
     return write
+
+
+def _plain(text: str) -> str:
+    """A legend label shown as written: matplotlib reads $...$ in it as mathtext (a bad command is
+    an exception while drawing), and a leading underscore hides it."""
+    return text.replace("$", "\\$").lstrip("_") if text else text
 
 
 def _panel_title(label: str, is_loss: bool) -> str:

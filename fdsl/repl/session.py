@@ -30,6 +30,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..base.errors import FdslError, Redeclared
+from ..base.errors import FdslError, Redeclared, printable
 from ..core.terms import Term
 
 PROMPT = "fdsl> "
@@ -92,6 +93,25 @@ def joined(text: str) -> str:
         if depth <= 0 and last in _DANGLING and last != "\\":
             lines[i] += "\\"
     return "\n".join(lines)
+
+
+def private_folder(folder: Path) -> Path:
+    """``folder``, made 0700 if missing, once it is checked to be this user's own: a real folder
+    (not a link), owned by this user and closed to everyone else. In a shared place (the temp
+    folder) another user could have made it first, to swap what fdsl writes there."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as e:
+        raise FdslError("cannot use the folder %s: %s" % (folder, e.strerror or e)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FdslError("not using %s: it is not a folder (a link?); remove it, or use :diagram EXPR -o FILE" % folder)
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise FdslError("not using %s: it belongs to another user; remove it, or use :diagram EXPR -o FILE" % folder)
+    if st.st_mode & 0o077:
+        raise FdslError("not using %s: others may open it (mode %o); chmod 700 it, or use :diagram EXPR -o FILE"
+                        % (folder, stat.S_IMODE(st.st_mode)))
+    return folder
 
 
 def history_path() -> Path:
@@ -204,10 +224,15 @@ def _diagram(session, arg):
     if not expr:
         raise FdslError("usage: :diagram EXPR [-o FILE]")
     if path is None:  # not into the current folder unless asked: a file of its own in the temp folder
-        folder = Path(tempfile.gettempdir()) / ("fdsl-%d" % os.getuid() if hasattr(os, "getuid") else "fdsl")
-        folder.mkdir(mode=0o700, exist_ok=True)
+        folder = private_folder(Path(tempfile.gettempdir()) / ("fdsl-%d" % os.getuid()
+                                                              if hasattr(os, "getuid") else "fdsl"))
         fd, path = tempfile.mkstemp(prefix="diagram-", suffix=".svg", dir=folder)
         os.close(fd)
+    else:  # only inside the session's folder, as a program's own outputs
+        from ..base.files import confine, target_of
+
+        path = confine(session.program.base_dir, path, "the repl", absolute=True)
+        target_of(path)
     arg = expr
     try:
         from ..backends import graphviz as backend
@@ -461,17 +486,17 @@ class Session:
 
     # ---- output
     def say(self, text: str) -> None:
-        self.out.write(text + "\n")
+        self.out.write(printable(text) + "\n")  # a string or a file name typed with \x1b in it stays text
         self.out.flush()
 
     def _error(self, text: str) -> None:
         self.out.flush()
-        self.err.write(text + "\n")
+        self.err.write(printable(text) + "\n")
         self.err.flush()
 
     def show(self, text: str, hint: Optional[str] = None) -> None:
         """Print output; if it is longer than the terminal, page it or cut it with a note."""
-        text = text.rstrip("\n")
+        text = printable(text.rstrip("\n"))
         if not text:
             return
         if not _isatty(self.out):

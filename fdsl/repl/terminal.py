@@ -3,7 +3,9 @@ or, without a terminal, a script of inputs read from a stream; both feed one ``S
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from ..base.errors import FdslError
 from .session import (
@@ -16,6 +18,7 @@ from .session import (
     find_command,
     history_path,
     needs_more,
+    private_folder,
 )
 
 # ---- completion ----------------------------------------------------------------------------------
@@ -129,11 +132,9 @@ def interactive(session: Session) -> None:
 
     path = history_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(exist_ok=True)
-        history = FileHistory(str(path))
-    except OSError as e:
-        session._error("history will not be kept: cannot write %s (%s)" % (path, e.strerror or e))
+        history = FileHistory(str(usable_history(path)))
+    except (OSError, FdslError) as e:
+        session._error("history will not be kept: cannot use %s (%s)" % (path, getattr(e, "strerror", None) or e))
         history = InMemoryHistory()
 
     keys = KeyBindings()
@@ -172,6 +173,25 @@ def interactive(session: Session) -> None:
             continue  # Ctrl-C cancels what was being typed (session.run handles it during evaluation)
         except EOFError:
             break
+
+
+def usable_history(path: Path) -> Path:
+    """The history file, checked: a regular file of at most 16 MB (a FIFO would hang the prompt,
+    ``/dev/zero`` fill the memory) or absent; its default folder is this user's own (0700)."""
+    import stat
+
+    if "FDSL_HISTORY" not in os.environ:
+        private_folder(path.parent)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        path.touch(mode=0o600)
+        return path
+    if not stat.S_ISREG(st.st_mode):
+        raise FdslError("it is not a regular file")
+    if st.st_size > 16 << 20:
+        raise FdslError("it is larger than 16 MB")
+    return path
 
 
 def script(session: Session, stream, filename: str = "<stdin>") -> None:
