@@ -439,6 +439,9 @@ class Session:
             raise
         if program.last_shown is not None:
             program.definitions["_"] = program.last_shown  # _ is the last value shown
+        for note in program.notes:  # E redefined (it was defined at <repl>:1)
+            self.say(note)
+        program.notes.clear()
         buf = io.StringIO()
         try:
             from ..base.files import perform_all
