@@ -48,23 +48,43 @@ def objective_of(w) -> Optional[Term]:
     return None
 
 
+def check_not_ascent(w, what: str) -> None:
+    """Refuse a 1-form that is the ascent direction of its own loss: ``d(L)`` (or
+    ``trace(E^t d(E))``, which is ``+d(1/2 ||E||^2)``). Training along it climbs L, silently."""
+    if not isinstance(w, Term):
+        return
+    c, rest = T.coefficient(w)
+    if c > 0 and rest.op == "d" and rest.args[0].scalar:
+        raise FdslError("%s is d(L), the direction in which L grows: training along it climbs L; "
+                        "write -d(L) (w = -d(L)), its descent direction" % what)
+    if c > 0 and error_of(T.neg(w)) is not None:
+        raise FdslError("%s is trace(E^t d(E)) = d(1/2 ||E||^2), the direction in which the loss grows: "
+                        "training along it climbs; write form(E) = -trace(E^t d(E)), its descent direction"
+                        % what)
+
+
+# a loss that grows by this factor over its first value has diverged
+DIVERGED = 1e4
+
+
 class Trainer:
     """Steps along the flow of a 1-form under the program's metric, from the program's values,
     recording the loss and the watched quantities at every step."""
 
     def __init__(self, program, w, what: str = "the form", watches=()):
-        from ..backends.numpy_grad import coefficients, normal_form, symbol_leaves
+        from ..backends.numpy_grad import coefficients, no_weight, normal_form, symbol_leaves
         from ..backends.values import program_evaluator
         from .flow import Dualizer
 
         self.program = program
         self.what = what
+        check_not_ascent(w, what)
         self.normal = normal_form(program, w, what)  # once: every step reuses it
         self.error = error_of(w)
         self.objective = objective_of(w) if self.error is None else None  # w = -d(L): L is the loss
         self.coefficients = coefficients(program, self.normal, what)
         if not self.coefficients:
-            raise FdslError("%s involves no weight: there is nothing to train" % what)
+            raise no_weight(program, what, ", so there is nothing to train")
         self.dual = Dualizer(program, list(self.coefficients), what)  # the metric, prepared once
         self.watches = list(watches)  # [(label, term)]
         self.scalars = {label for label, t in self.watches if t.scalar}  # recorded as values, not norms
@@ -121,6 +141,7 @@ class Trainer:
             return FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)" % (step, what, lr))
 
         curve = []
+        first = None
         for step in range(steps + 1):
             try:
                 with np.errstate(all="ignore"):  # a diverging run is caught just below
@@ -130,6 +151,9 @@ class Trainer:
             if not (math.isfinite(loss) and all(np.isfinite(v).all() for v in flows.values())):
                 raise stop(step, self._first_non_finite() or "the %s is %s" % (self.label, loss))
             self.log.rows.append([step] + record)
+            first = loss if first is None else first
+            if self.label == "loss" and loss > DIVERGED * max(first, 1e-8):
+                raise stop(step, "the loss grew from %.6g to %.6g: it diverges" % (first, loss))
             if step % every == 0 or step == steps:
                 curve.append((step, loss))
                 if report is not None:
