@@ -67,6 +67,44 @@ def check_not_ascent(w, what: str) -> None:
 DIVERGED = 1e4
 
 
+def cross_entropy_targets(loss: Term) -> list:
+    """The targets T of the cross-entropy summands ``-c trace(T^t logsoftmax(Z))`` of a loss (also
+    ``log(a(Z))``, and the trace's factors in any cyclic order), c > 0, that involve no weight."""
+    out = []
+    for summand in T.summands(loss):
+        c, rest = T.coefficient(summand)
+        if c >= 0 or rest.op != "trace":
+            continue
+        factors = T.factors(rest.args[0])
+        for i, f in enumerate(factors):
+            if f.op == "logsoftmax" or (f.op == "log" and f.args[0].op == "a"):
+                others = factors[i + 1:] + factors[:i]  # trace(A f B) = trace(B A f): T = (B A)^t
+                if others:
+                    product = T.mul(*others)
+                    target = product.args[0] if product.op == "t" else T.transpose(product)
+                    if not target.has_weight:
+                        out.append(target)
+    return out
+
+
+def check_distribution(name: str, y) -> None:
+    """An FdslError unless every row of ``y`` (last axis) is a probability distribution: a
+    cross-entropy against anything else has no minimum, and training it runs off to -infinity."""
+    y = np.asarray(y, dtype=np.float64)
+    sums = y.sum(axis=-1)
+    worst_sum = np.unravel_index(np.argmax(np.abs(sums - 1)), sums.shape)
+    why = None
+    if y.size and y.min() < -1e-12:
+        at = np.unravel_index(np.argmin(y), y.shape)
+        why = "entry %s is %.4g, below 0" % (tuple(int(i) for i in at), y[at])
+    elif sums.size and abs(sums[worst_sum] - 1) > 1e-6:
+        why = "row %s sums to %.6g, not 1" % (tuple(int(i) for i in worst_sum), sums[worst_sum])
+    if why is not None:
+        raise FdslError("the targets %s of the cross-entropy are not rows of a probability distribution (%s): "
+                        "a cross-entropy against them has no minimum; give one-hot rows or probabilities "
+                        "(with --values FILE.npz or values \"FILE.npz\")" % (name, why))
+
+
 class Trainer:
     """Steps along the flow of a 1-form under the program's metric, from the program's values,
     recording the loss and the watched quantities at every step."""
@@ -103,12 +141,39 @@ class Trainer:
             if name not in self.values:  # a weight only its differential mentions
                 self.values[name] = np.array(ev.value(x), dtype=np.float64)
         self.dims, self.origin = ev.dims, ev.origin
+        self._check_data(program)
         self.weights = list(self.dual.weights)
         self.label = "loss" if self.error is not None or self.objective is not None else "|grad|"
         columns = ["step", self.label] + [label for label, _ in self.watches]
         if self.dual.blocks:
             columns += ["cg_iterations", "cg_residual"]
         self.log = Log(columns, metric=self.dual.describe())
+
+    def _check_data(self, program) -> None:
+        """Say once (on stderr) which data of the loss --random drew, and hold the targets of a
+        cross-entropy to be distributions: a loss of data that are not what it expects trains
+        without error to a meaningless number."""
+        from ..backends.numpy_eval import Evaluator
+        from ..backends.numpy_grad import symbol_leaves
+        from ..core.printers import short
+
+        loss = self.error if self.error is not None else self.objective
+        if loss is None:
+            return
+        store = program.values
+        drawn = [name for name, leaf in symbol_leaves([loss]).items()
+                 if leaf.data[0].kind != "weight" and store is not None and name in store.generated]
+        said = getattr(store, "drawn_said", None)
+        if drawn and store is not None and said != drawn:
+            store.drawn_said = drawn
+            program.trace_out.write("note: the data %s of the loss %s drawn at random (random SEED / --random): "
+                                    "give them with --values FILE.npz to train on real data\n"
+                                    % (", ".join(drawn), "is" if len(drawn) == 1 else "are"))
+        if self.objective is None:
+            return
+        ev = Evaluator(self.values, self.dims, self.origin)
+        for target in cross_entropy_targets(self.objective):
+            check_distribution(short(target), ev.value(target))
 
     def measure(self):
         """(loss, flows, the record's numbers) at the current values: the loss and the gradients
