@@ -183,3 +183,83 @@ def test_a_cross_entropy_against_one_hot_targets_trains(tmp_path):
     program.run(out)
     first, last = (float(x) for x in out.getvalue().splitlines()[-1].split()[1:4:2])
     assert 0 < last < first
+
+
+# ---- 9. messages that say what to write --------------------------------------------------------------------
+
+
+def _error(source: str) -> str:
+    with pytest.raises(FdslError) as e:
+        fdsl.parse(source)
+    return e.value.message
+
+
+def test_a_row_added_to_a_matrix_says_to_write_c_b():
+    message = _error("dim n = 3, d = 2\nconst X : n x d\nweight W : d x d, b : 1 x d\nF = X W + b\n")
+    assert "shapes differ" in message and "write C b, with const C : n x 1 = ones" in message
+
+
+def test_an_index_of_a_symbol_that_is_not_a_family():
+    for index in ("1", "0"):  # W[0] was silently W
+        message = _error("dim d = 2\nweight W : d x d\nF = W[%s] W\n" % index)
+        assert "W is not a family" in message and "declare weight W[i] : d x d" in message
+
+
+def test_a_double_slash_comment_says_comments_start_with_hash(run_fdsl):
+    r = run_fdsl("run", "-e", "dim n = 3 // sizes")
+    assert r.returncode == 2 and "a comment starts with #, not //" in r.stderr
+
+
+def test_a_misspelt_command_gets_did_you_mean(run_fdsl):
+    r = run_fdsl("rnu", "x.fd")
+    assert r.returncode == 2 and "did you mean 'run'?" in r.stderr
+
+
+def test_coeff_of_a_family_member_the_form_does_not_have(run_fdsl, examples):
+    r = run_fdsl("run", examples / "encoder2.fd", "-e", "coeff(N, K[7])")
+    assert r.returncode == 2 and "K_7 does not occur in the form (the members of K there: K_0, K_1)" in r.stderr
+    r = run_fdsl("run", examples / "encoder2.fd", "-e", "coeff(N, K[1])")
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] != "0"
+
+
+# ---- 12. the repl -------------------------------------------------------------------------------------------
+
+
+def test_time_leaves_out_the_pager(monkeypatch):
+    import time
+
+    from fdsl.repl import session as S
+
+    out = io.StringIO()
+    session = S.Session(out=out, err=io.StringIO(), pager="on")
+    monkeypatch.setattr(S, "_isatty", lambda stream: True)
+    monkeypatch.setattr(S, "_pager_command", lambda forced: "less")
+    monkeypatch.setattr(S, "_page", lambda cmd, text: time.sleep(1.0) or True)  # a reader takes a second
+    session.run("dim n; const A : n x n")
+    session.run(":time show " + ", ".join(["A"] * 400))
+    seconds = float(out.getvalue().rsplit("time: ", 1)[1].split(" s")[0])
+    assert seconds < 0.5
+
+
+def test_help_fits_80_columns():
+    from fdsl.repl.session import Session
+
+    out = io.StringIO()
+    Session(out=out, err=io.StringIO(), pager="off").run(":help")
+    lines = out.getvalue().splitlines()
+    assert len(lines) > 50 and max(len(line) for line in lines) <= 80
+
+
+def test_name_query_of_a_normal_form_is_laid_out_as_show():
+    from fdsl.repl.session import Session
+
+    out = io.StringIO()
+    session = Session(out=out, err=io.StringIO(), pager="off")
+    for line in ["dim n", "const A, B : n x n", "weight W, V : n x n", "N = normal(form(A - W A - V B W))"]:
+        session.run(line)
+    session.run("show N")
+    shown = out.getvalue().splitlines()
+    out.truncate(0), out.seek(0)
+    session.run("N?")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "N =" and lines[1:1 + len(shown)] == ["    " + line for line in shown]

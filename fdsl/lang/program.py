@@ -483,6 +483,14 @@ class Program:
                 return env[key]
         if base_node.kind == "name" and base_node.value in self.families and base_node.value not in env:
             return self.family_member(base_node.value, tuple(as_int(i, "an index") for i in index), node)
+        if base_node.kind == "name" and base_node.value in self.symbols and base_node.value not in env:
+            # W[1] of a declared symbol: x[j] would be summand j of a sum, and W[0] silently W
+            sym = self.symbols[base_node.value]
+            kind = sym.data[0].kind if sym.op == "sym" else "const"
+            shape = "scalar" if sym.scalar and kind == "weight" else " x ".join(map(str, sym.shape or ("n", "n")))
+            raise self.error("%s is not a family (%s): declare %s %s[i] : %s to have %s[0], %s[1], ..."
+                             % (base_node.value, self.declared_at.get(base_node.value, "declared"), kind,
+                                base_node.value, shape, base_node.value, base_node.value), node)
         base = self.evaluate(base_node, env)
         if len(index) != 1:
             raise self.error("one index selects a summand: x[j]", node)
