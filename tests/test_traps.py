@@ -263,3 +263,36 @@ def test_name_query_of_a_normal_form_is_laid_out_as_show():
     session.run("N?")
     lines = out.getvalue().splitlines()
     assert lines[0] == "N =" and lines[1:1 + len(shown)] == ["    " + line for line in shown]
+
+
+# ---- 10. rules --check of an operator with a domain -----------------------------------------------------------
+
+
+LOG_RULES = """operator lg(A) numpy log doc "elementwise log"
+operator lgd(A, B) linear B = B / A
+
+ruleset differentiate
+rule d-lg:        d(lg(?A))                   => lgd(?A, d(?A))
+
+ruleset linear
+rule lgd-sum:     lgd(?X, ?A + ?B...)         => lgd(?X, ?A) + lgd(?X, ?B...)
+"""
+
+
+@pytest.mark.parametrize("declaration", [
+    "operator lg(A) numpy log",  # the numpy table knows log's domain
+    "operator lg(A) domain A positive = log(A) * A / A",  # declared
+    "operator lg(A) = log(A) * A / A",  # neither: values are drawn until some fit
+])
+def test_rules_check_draws_values_in_an_operators_domain(run_fdsl, tmp_path, declaration):
+    path = write(tmp_path, LOG_RULES.replace('operator lg(A) numpy log doc "elementwise log"', declaration),
+                 "lg.rules")
+    r = run_fdsl("rules", "--check", path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 sound, 0 UNSOUND, 0 skipped" in r.stdout
+
+
+def test_a_domain_names_an_argument(run_fdsl, tmp_path):
+    path = write(tmp_path, "operator lg(A) domain B positive = log(A)\n", "bad.rules")
+    r = run_fdsl("rules", "--check", path)
+    assert r.returncode == 2 and "operator lg has no argument B to have a domain" in r.stderr

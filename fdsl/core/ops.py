@@ -261,9 +261,16 @@ NUMPY_FUNCTIONS: dict[str, tuple] = {
     "sigmoid": (1, "(0.5 + 0.5 * np.tanh(0.5 * {0}))"),  # 1 / (1 + exp(-x)), without overflow
     "softplus": (1, "np.logaddexp(0.0, {0})"),  # log(1 + exp(x)), without overflow
     "step": (1, "np.heaviside({0}, 0.0)"),  # 1 where positive, else 0
+    # (log, sqrt: defined for positive entries only; NUMPY_POSITIVE below)
     **{f: (2, "np.%s({0}, {1})" % f) for f in (
         "maximum", "minimum", "multiply", "add", "subtract", "divide", "hypot", "arctan2", "logaddexp")},
 }
+
+
+# the numpy functions of the table defined only for positive entries (log1p: above -1, drawn
+# positive all the same), and, for two arguments, the positions that must be: an operator declared
+# with one of them is checked (fdsl rules --check) at positive values there
+NUMPY_POSITIVE: dict[str, tuple] = {"log": (0,), "log1p": (0,), "sqrt": (0,), "reciprocal": (0,), "divide": (1,)}
 
 
 # ---- the table ---------------------------------------------------------------------------------

@@ -126,6 +126,9 @@ class _RuleAst(ToAst):
     def op_linear(self, meta, c):
         return ("linear", [str(x) for x in c])
 
+    def op_domain(self, meta, c):
+        return ("positive", [str(x) for x in c])
+
     def start(self, meta, c):
         return list(c)
 
@@ -440,12 +443,16 @@ class RuleBook:
             raise err("operator %s is built in" % name, item)
         if len(set(params)) != len(params):
             raise err("operator %s names an argument twice" % name, item)
-        opts = {"numpy": None, "linear": [], "latex": None, "doc": "", "body": None}
+        opts = {"numpy": None, "linear": [], "latex": None, "doc": "", "body": None, "positive": []}
         for key, value in item["options"]:
             opts[key] = value
         for lin in opts["linear"]:
             if lin not in params:
                 raise err("operator %s has no argument %s to be linear in" % (name, lin), item)
+        for arg in opts["positive"]:
+            if arg not in params:
+                raise err("operator %s has no argument %s to have a domain" % (name, arg), item)
+        positive = {params.index(a) for a in opts["positive"]}
         template = None
         if opts["numpy"] is not None and opts["body"] is not None:
             raise err("operator %s has both a numpy function and a value: give one" % name, item)
@@ -457,6 +464,7 @@ class RuleBook:
                           "as an fdsl expression: operator %s(...) = EXPR)"
                           % (fn, ", ".join(sorted(O.NUMPY_FUNCTIONS)), name), where)
             arity, template = O.NUMPY_FUNCTIONS[fn]
+            positive |= set(O.NUMPY_POSITIVE.get(fn, ()))  # numpy log: positive entries, as built-in log
             if arity != len(params):
                 raise err("numpy %s takes %d argument%s, but %s has %d" % (
                     fn, arity, "" if arity == 1 else "s", name, len(params)), where)
@@ -465,7 +473,7 @@ class RuleBook:
         O.register(O.Op(name, len(params), O.same_shape_args(name),
                         linear=tuple(params.index(l) for l in opts["linear"]),
                         numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
-                        user=True, params=tuple(params)))
+                        user=True, params=tuple(params), positive=tuple(sorted(positive))))
 
     def _compile_rule(self, item, ruleset, display, err, text) -> Rule:
         name = item["name"]

@@ -273,10 +273,10 @@ def help_text(program, name: str = "") -> str:
         # an 80-column terminal: the first column is as wide as its usual entries (a longer one
         # stands on a line of its own) and the descriptions wrap beside it
         rows = list(rows)
-        width = min(max((len(a) for a, _ in rows), default=0), 26)
+        width = min(max((len(a) for a, _ in rows), default=0), 22)
         out = []
         for a, b in rows:
-            wrapped = textwrap.wrap(b, columns - width - 4) or [""]
+            wrapped = textwrap.wrap(b, columns - width - 4, break_long_words=False, break_on_hyphens=False) or [""]
             if len(a) > width:
                 out += textwrap.wrap(a, columns, initial_indent="  ", subsequent_indent="      ",
                                      break_long_words=False)

@@ -603,13 +603,16 @@ def _trial(rule: Rule, needs, compound, rng) -> float:
 def _evaluate(inst, tangent, step, *terms):
     """The values of ``terms`` (None: the first one's again) with d along ``tangent`` by finite
     differences of ``step``."""
-    from ..backends.numpy_eval import Evaluator, NotDifferentiable
+    from ..backends.numpy_eval import Evaluator, NonFinite, NotDifferentiable
 
     ev = Evaluator(inst.values, {}, tangent=tangent, step=step)
     try:
         values = [ev.value(t) if t is not None else None for t in terms]
     except NotDifferentiable:
         raise Reject("the finite differences cross a kink of relu")
+    except NonFinite as e:  # values outside an operator's domain: draw others (and say so if none fit)
+        raise Reject("%s; an operator defined for positive entries only says so: operator f(A) ... "
+                     "domain A positive" % e.message)
     except FloatingPointError as e:
         raise Reject("floating point: %s" % e)
     return [v if v is not None else values[0] for v in values]
