@@ -9,6 +9,7 @@ drawn at random for a loss that expects distributions.
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -296,3 +297,52 @@ def test_a_domain_names_an_argument(run_fdsl, tmp_path):
     path = write(tmp_path, "operator lg(A) domain B positive = log(A)\n", "bad.rules")
     r = run_fdsl("rules", "--check", path)
     assert r.returncode == 2 and "operator lg has no argument B to have a domain" in r.stderr
+
+
+# ---- 8. powers of weight-dependent scalars -------------------------------------------------------------------
+
+
+POWERS = """dim n = 3, d = 2
+const X : n x d, Y : n x d
+weight g : scalar, W : d x d
+"""
+
+
+def _finite_differences(program, loss: str, names, h=1e-6):
+    """Central differences of eval(loss) in every entry of the weights ``names``."""
+    values = program.values
+    out = {}
+    for name in names:
+        base = np.array(values[name], dtype=np.float64)
+        grad = np.zeros_like(base)
+        for i in np.ndindex(base.shape):
+            vals = []
+            for step in (h, -h):
+                x = base.copy()
+                x[i] += step
+                values[name] = x
+                vals.append(np.asarray(program.expr("eval(%s)" % loss)).item())
+            grad[i] = (vals[0] - vals[1]) / (2 * h)
+        values[name] = base
+        out[name] = grad
+    return out
+
+
+@pytest.mark.parametrize("loss", [
+    "1/2 trace(E^t E)",                   # with E := Y - g^2 X W: g^2 of a scalar weight
+    "trace(W^t W)^(1/2)",                 # the Frobenius norm of a weight
+    "g^3 trace(W) + trace(W^t W)^(-1)",
+])
+def test_powers_of_scalars_differentiate(loss):
+    program = fdsl.parse(POWERS + "E := Y - g^2 X W\nL = %s\nw = -d(L)\nrandom 0\n" % loss)
+    program.values["g"] = np.array(0.7)  # a positive base: g^(1/2) and the like are real
+    grads = fdsl.backends.numpy_grad.gradients(program, program.definitions["w"])
+    fd = _finite_differences(program, "L", grads)
+    for name, g in grads.items():
+        assert np.allclose(g, -fd[name], rtol=1e-7, atol=1e-9), (name, g, fd[name])  # -dL/dW
+
+
+def test_d_power_is_a_rule_that_checks_sound(run_fdsl):
+    r = run_fdsl("rules", "--check", "stdlib/d.rules")
+    assert r.returncode == 0
+    assert re.search(r"^sound +d-power ", r.stdout, re.M)

@@ -39,7 +39,7 @@ from ..core import ops as O
 from ..core import terms as T
 from ..core.ops import ShapeError
 from ..rewrite.engine import PREDICATES, Builtin, Engine, Rule, Strategy
-from ..rewrite.patterns import Bag, Num, Op, Seq, Var, Word, build, heads, variables
+from ..rewrite.patterns import Bag, Exponent, Num, Op, Seq, Var, Word, build, heads, variables
 from .parse import Node, ToAst, _parser, syntax_error
 
 
@@ -211,8 +211,16 @@ class _Compiler:
             raise self.err("indexing x[j] cannot stand in a rule", n)
         raise self.err("%s cannot stand in a rule" % k, n)
 
-    def _number(self, e: Node) -> Fraction:
-        """An exponent: a number, or -, / of numbers (?A^(-1/2))."""
+    def _number(self, e: Node):
+        """An exponent: a number, or -, / of numbers (?A^(-1/2)); or an exponent variable, ?p, which
+        binds the exponent of a power (?a^(?p)), shifted by a number on a right side (?a^(?p - 1))."""
+        if e.kind == "var" and self.params is None:
+            return Exponent(e.value)
+        if e.kind in ("add", "sub") and e.args[0].kind == "var" and self.params is None:
+            shift = self._number(e.args[1])
+            if isinstance(shift, Exponent):
+                raise self.err("an exponent is ?p plus or minus a number", e)
+            return Exponent(e.args[0].value, shift if e.kind == "add" else -shift)
         if e.kind == "number":
             return Fraction(e.value)
         if e.kind == "neg":
@@ -491,6 +499,9 @@ class RuleBook:
         if not _bags_ok(lhs):
             raise err("in %s, a sum on the left has two runs ?A...: sums are commutative, so one run "
                       "collects the rest" % name, item)
+        if any(isinstance(q.data, Exponent) and q.data.offset for q in _ops(lhs)):
+            raise err("in %s, an exponent on the left is a number or ?p, which binds it; ?p - 1 is for the "
+                      "right side" % name, item)
         bound = variables(lhs)
         bound_names = {n: k for n, k in bound}
         for n, k in variables(rhs):
@@ -724,3 +735,15 @@ def _display_path(path: Path) -> str:
     except FileNotFoundError:
         pass
     return str(path)
+
+
+def _ops(p):
+    """Every operator pattern in ``p``."""
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, Op):
+            yield q
+            stack.extend(q.args)
+        elif isinstance(q, (Word, Bag)):
+            stack.extend(q.items)
