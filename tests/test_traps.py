@@ -346,3 +346,20 @@ def test_d_power_is_a_rule_that_checks_sound(run_fdsl):
     r = run_fdsl("rules", "--check", "stdlib/d.rules")
     assert r.returncode == 0
     assert re.search(r"^sound +d-power ", r.stdout, re.M)
+
+
+# ---- 7. equal summands merged in the shared normal form ------------------------------------------------------
+
+
+def test_equal_summands_of_an_adjoint_are_merged():
+    program = fdsl.parse(POWERS.replace("const X : n x d, Y : n x d", "const X, Y : n x n")
+                         .replace("W : d x d", "W : n x n")
+                         + "E := Y - g X W\nw = -d(1/2 trace(E^t E))\nN = normal(w)\nrandom 0\n")
+    text = fdsl.core.functions.render(program.definitions["N"])
+    # was: G_E := -(1/2) E^t - (1/2) E^t, and trace(g E^t X W) + trace(g E^t X W) for a scalar weight
+    assert "(1/2)" not in text and "G_E" not in text
+    assert text.splitlines()[:2] == ["dW: g E^t X", "dg: trace(E^t X W)"]
+    merged = fdsl.backends.numpy_grad.gradients(program, program.definitions["N"])
+    expanded = fdsl.backends.numpy_grad.gradients(program, program.apply_rules("expanded", program.definitions["w"]))
+    for name in merged:
+        assert np.allclose(merged[name], expanded[name], rtol=1e-12, atol=1e-14)
