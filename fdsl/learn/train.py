@@ -157,23 +157,28 @@ class Trainer:
         from ..backends.numpy_grad import symbol_leaves
         from ..core.printers import short
 
+        self.drawn = None  # said once, after the run (or in the message that stops it)
         loss = self.error if self.error is not None else self.objective
         if loss is None:
             return
         store = program.values
         drawn = [name for name, leaf in symbol_leaves([loss]).items()
                  if leaf.data[0].kind != "weight" and store is not None and name in store.generated]
-        said = getattr(store, "drawn_said", None)
-        if drawn and store is not None and said != drawn:
+        if drawn and store is not None and getattr(store, "drawn_said", None) != drawn:
             store.drawn_said = drawn
-            program.trace_out.write("note: the data %s of the loss %s drawn at random (random SEED / --random): "
-                                    "give them with --values FILE.npz to train on real data\n"
-                                    % (", ".join(drawn), "is" if len(drawn) == 1 else "are"))
+            self.drawn = ("the data %s of the loss %s drawn at random (random SEED / --random): give them with "
+                          "--values FILE.npz to train on real data" % (", ".join(drawn), "is" if len(drawn) == 1
+                                                                        else "are"))
         if self.objective is None:
             return
         ev = Evaluator(self.values, self.dims, self.origin)
         for target in cross_entropy_targets(self.objective):
-            check_distribution(short(target), ev.value(target))
+            try:
+                check_distribution(short(target), ev.value(target))
+            except FdslError as e:
+                if self.drawn:
+                    e.message += "; note: " + self.drawn
+                raise
 
     def measure(self):
         """(loss, flows, the record's numbers) at the current values: the loss and the gradients
@@ -203,7 +208,8 @@ class Trainer:
         from ..backends.numpy_eval import NonFinite
 
         def stop(step, what):
-            return FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)" % (step, what, lr))
+            return FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)%s"
+                             % (step, what, lr, "; note: " + self.drawn if self.drawn else ""))
 
         curve = []
         first = None
@@ -227,6 +233,8 @@ class Trainer:
                 break
             for name, v in flows.items():
                 self.values[name] = self.values[name] + lr * v
+        if self.drawn:
+            self.program.trace_out.write("note: %s\n" % self.drawn)
         return curve
 
     def _first_non_finite(self):
