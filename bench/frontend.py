@@ -39,7 +39,7 @@ LAYERS = [1, 2, 4, 8, 16, 20, 32, 40]
 def declarations() -> str:
     """encoder2.fd's declarations and definitions, without its E and its output."""
     source = (REPO / "examples" / "encoder2.fd").read_text()
-    return source[: re.search(r"^E = ", source, re.M).start()]
+    return source[: re.search(r"^E :?= ", source, re.M).start()]  # E := (named) or E = (transparent)
 
 
 def measure(L: int, repeats: int):

@@ -12,6 +12,7 @@ about 2). CPU time (time.process_time), median of REPEATS runs.
 
 from __future__ import annotations
 
+import argparse
 import platform
 import statistics
 import sys
@@ -42,7 +43,12 @@ def run(depth: int, source: str):
     return t1 - t0, t2 - t1, fdsl.core.terms.dag_size(g), len(grads)
 
 
-def main():
+def main(argv=None):
+    global REPEATS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="runs per cell, the median is shown "
+                        "(default %d)" % REPEATS)
+    REPEATS = parser.parse_args(argv).repeats
     print("Machine: %s, Python %s. Command: python bench/gpt.py. CPU time, median of %d runs."
           % (platform.processor() or platform.machine(), platform.python_version(), REPEATS))
     print("| written | blocks | normal form (s) | gradients (s) | nodes | weights |")

@@ -73,3 +73,11 @@ def backward(X, Y, weights, L):
         if i > 0:  # no gradient for the input X_0
             dX = dXQ @ Q.T + dXK @ K.T + dXV @ V.T
     return grads
+
+
+if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="A module, not a benchmark of its own: "
+                            "bench/deep.py imports it (python bench/deep.py --help).").parse_args()
+    print("bench/handwritten.py is the reference that bench/deep.py times; run python bench/deep.py")

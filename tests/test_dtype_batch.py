@@ -134,7 +134,7 @@ def test_fdsl_grad_sums_a_batch_from_a_values_file(tmp_path, capsys):
         assert main(["grad", str(fd), "--form", "w", "--values", _values_file(tmp_path / ("v%d.npz" % i), v),
                      "--out", str(out)]) == 0
         with np.load(out) as f:
-            outs.append(dict(f))
+            outs.append({k: f[k] for k in f.files if k != "_sign"})
     assert max_rel_error(outs[0], {k: sum(o[k] for o in outs[1:]) for k in outs[0]}) <= EXACT
     capsys.readouterr()
     bad = dict(vals, Y=vals["Y"][:2])

@@ -307,6 +307,7 @@ def test_fdsl_flow_writes_one_array_per_weight(run_fdsl, examples, tmp_path):
     g = tmp_path / "g.npz"
     assert run_fdsl("grad", fd, "--form", "w", "--random", "0", "--out", g).returncode == 0
     grads = dict(np.load(g))
+    assert str(grads.pop("_sign")).startswith("-dL/dW")  # the file says which sign it holds
     assert set(grads) == set(saved)
     # the Gauss-Newton step is a descent direction: <v, grad> > 0 (the gradient here is -dL/dW)
     assert sum(np.sum(saved[n] * grads[n]) for n in saved) > 0

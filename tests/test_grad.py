@@ -148,21 +148,24 @@ def test_grad_in_the_language(tmp_path):
     out = io.StringIO()
     program.run(out)
     saved = np.load(tmp_path / "g.npz")
-    assert sorted(saved.files) == weight_names(1)
+    assert "_sign" in saved.files and sorted(set(saved.files) - {"_sign"}) == weight_names(1)
+    assert str(saved["_sign"]).startswith("-dL/dW, the descent direction")
     one = np.load(tmp_path / "q.npz")
     assert one.files == ["Q_0"]
     assert np.array_equal(one["Q_0"], saved["Q_0"])
     direct = gradients(program, program.definitions["w"])
-    for name in saved.files:
+    for name in weight_names(1):
         assert np.array_equal(saved[name], direct[name])
     # a weight the form does not involve has a zero gradient, shaped like the weight
     assert "[[0. 0. 0. 0.]" in out.getvalue()
 
 
 def test_a_form_without_weights_has_no_gradients():
-    program = fdsl.parse(DECLARATIONS + "random 0\nshow grad(form(X))\n")
+    program = fdsl.parse(DECLARATIONS + "random 0\n")
     assert gradients(program, form(program.symbols["X"])) == {}
-    assert "no weights" in program.effects[-1].text
+    # grad(w) of it is a mistake (issue 22): no weight, so no gradient, not "0 gradients"
+    with pytest.raises(fdsl.base.errors.FdslError, match="has no gradient: it involves none of the weights"):
+        program.feed("show grad(form(X))\n")
 
 
 @pytest.mark.parametrize("source, message", [
@@ -185,14 +188,15 @@ def test_cli_writes_the_12_gradients_of_encoder2(run_fdsl, examples, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "12 gradients" in r.stdout
     grads = np.load(out)
-    assert sorted(grads.files) == weight_names(2)
+    assert "_sign" in grads.files and sorted(set(grads.files) - {"_sign"}) == weight_names(2)
+    assert "each -dL/dW, the descent direction" in r.stdout
     # the values --random 0 drew, read back through fdsl's own seeded generator
     program = fdsl.load(examples / "encoder2.fd")
     fdsl.backends.values.random_values(program, 0)
     values = {name: np.array(program.values[name]) for name in ["X", "Y"] + weight_names(2)}
     assert safe(program, program.definitions["E"], values)
     fd = gradient(lambda v: hand_loss(v, 2), values, weight_names(2), h=STEP)
-    agree({name: grads[name] for name in grads.files}, {name: -g for name, g in fd.items()})
+    agree({name: grads[name] for name in weight_names(2)}, {name: -g for name, g in fd.items()})
 
 
 def test_cli_values_file_round_trip(run_fdsl, examples, tmp_path):

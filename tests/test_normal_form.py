@@ -7,6 +7,7 @@ finite differences use only evaluation (numpy), never the rules.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ from fdsl.core import printers
 from fdsl.core import terms as T
 
 ROOT = Path(__file__).resolve().parent.parent
-HEADER = (ROOT / "examples" / "encoder2.fd").read_text().split("\nE = ")[0]
+# the declarations and definitions, without E (:= since the examples name it) and what follows
+HEADER = re.split(r"\nE :?= ", (ROOT / "examples" / "encoder2.fd").read_text())[0]
 REL_TOL = 1e-6  # relative error of the symbolic derivative against finite differences
 
 

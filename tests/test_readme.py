@@ -32,7 +32,7 @@ def test_set_up_commands_are_the_main_job_and_the_tests():
     # a virtual environment first: Debian's and Ubuntu's own Python refuse a bare pip install
     assert "python3 -m venv .venv && . .venv/bin/activate\npip install . && fdsl run examples/encoder2.fd" \
         in commands
-    test_command = "python -m pip install -e '.[test]' && python -m pytest -q"
+    test_command = "python -m pip install -e '.[test,torch]' && python -m pytest -q"
     assert test_command in commands
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_command.replace(" &&", " </dev/null &&") + " </dev/null" in ci
@@ -129,3 +129,64 @@ def test_the_deep_encoder_section_is_the_natural_program_and_its_real_output():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == output
+
+
+# ---- issue 22: every command the README shows runs as shown --------------------------------------------
+
+
+def test_the_subcommand_list_is_complete():
+    from fdsl.cli.main import build_parser
+
+    listed = re.search(r"The subcommands are (.*?);", README, re.S).group(1)
+    named = set(re.findall(r"`(\w+)`", listed))
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert named == set(sub.choices)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "bench").glob("*.py")))
+def test_every_bench_script_prints_help_without_running(script):
+    r = subprocess.run([sys.executable, "bench/" + script, "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: ") and r.stdout.count("\n") < 40  # help only, no table
+
+
+def test_the_frontend_benchmark_runs():
+    assert "python bench/frontend.py" in README
+    r = subprocess.run([sys.executable, "bench/frontend.py", "--repeats", "1"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert "encoder(L) alone, median" in r.stdout
+
+
+def test_the_torch_extra_is_the_pin_of_ci():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^torch = \[\n    "torch==2\.13\.0",\n\]', pyproject, re.M)
+    assert "'.[test,torch]'" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_size_limit_help_and_the_readme_count_the_same_thing():
+    from fdsl.cli.main import build_parser
+
+    text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    assert "term cells (each new node with its operands)" in " ".join(text.split())
+    assert "`--size-limit N` term cells (default 50,000,000: each new node with its\n  operands" in README
+
+
+def test_the_failing_loop_example_says_what_it_prints(run_fdsl):
+    r = run_fdsl("run", "loop.fd", cwd=ROOT / "examples" / "failing")
+    assert r.returncode == 2
+    comment = (ROOT / "examples" / "failing" / "loop.fd").read_text()
+    quoted = re.search(r'\("(.*?)",', " ".join(line.lstrip("# ") for line in comment.splitlines())).group(1)
+    assert quoted in r.stderr
+
+
+def test_running_the_flows_example_leaves_the_checkout_unmodified(run_fdsl):
+    git = subprocess.run(["git", "status", "--porcelain", "examples"], cwd=ROOT, capture_output=True, text=True)
+    if git.returncode != 0:
+        pytest.skip("not a git checkout")
+    r = run_fdsl("run", "examples/flows.fd", cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    after = subprocess.run(["git", "status", "--porcelain", "examples"], cwd=ROOT, capture_output=True, text=True)
+    assert after.stdout == git.stdout

@@ -88,7 +88,7 @@ def test_grad_keeps_mode_and_symlink(run_fdsl, examples, tmp_path):
     (tmp_path / "link.npz").symlink_to(target)
     r = run_fdsl("grad", examples / "encoder2.fd", "--form", "w", "--random", "0", "--out", tmp_path / "link.npz")
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "link.npz").is_symlink() and len(_npz_keys(target)) == 12
+    assert (tmp_path / "link.npz").is_symlink() and len(_npz_keys(target)) == 13  # 12 and _sign
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
 
 

@@ -73,6 +73,24 @@ def coefficients(program, w, what: str = "the form") -> dict:
     return gradients_of.coefficients(w, what)
 
 
+def no_weight(program, what: str = "the form", so: str = "") -> FdslError:
+    """The error for a form without a weight (every symbol declared const, or a form that is 0):
+    a gradient of nothing is a mistake, not 0 gradients."""
+    consts = [name for name, t in program.symbols.items()
+              if t.op == "sym" and t.data[0].kind in ("const", "scalar") and t.data[0].value is None]
+    consts += ["%s[%s]" % (name, ", ".join(f.indices)) for name, f in program.families.items()
+               if f.kind != "weight"]
+    weights = [name for name, t in program.symbols.items() if t.op == "sym" and t.data[0].kind == "weight"]
+    weights += ["%s[%s]" % (name, ", ".join(f.indices)) for name, f in program.families.items() if f.kind == "weight"]
+    if weights:
+        why = "it involves none of the weights %s" % ", ".join(weights)
+    else:
+        why = "the program declares no weight"
+    said = (" (%s %s declared const)" % (", ".join(consts), "is" if len(consts) == 1 else "are")) if consts else ""
+    return FdslError("%s has no gradient%s: %s%s; declare what is learned with weight instead of const"
+                     % (what, so, why, said))
+
+
 def gradients(program, w, values: Optional[Mapping] = None, what: str = "the form") -> dict:
     """Printed weight name -> ``G_W^t`` (a float64 array shaped like W), for every weight of the
     1-form ``w``, over ``values`` (arrays by printed name; by default the program's values): the
@@ -102,6 +120,34 @@ def gradients(program, w, values: Optional[Mapping] = None, what: str = "the for
     return grads
 
 
+# ---- the sign of a gradient ------------------------------------------------------------------------
+# grad(w, W) is the dual of w, which for w = form(E) = -dL is -dL/dW (the descent direction), the
+# opposite of PyTorch's W.grad. Every gradient that leaves fdsl (a printed grad(w), a file of
+# gradients, the line fdsl grad prints) says which it holds, so it is never used with the wrong sign.
+DESCENT = "-dL/dW, the descent direction (W + lr g lowers L)"
+PYTORCH = "+dL/dW, as PyTorch's W.grad (W - lr g lowers L)"
+DUAL = "the dual G_W^t of the form (-dL/dW where the form is -d(L))"
+SIGN_KEY = "_sign"  # the entry of a gradients file that says which; no weight's name starts with _
+
+
+def is_descent(w) -> bool:
+    """Whether ``w`` is ``-d(L)`` for a scalar L, or ``form(E)`` (= -d(1/2 ||E||^2)): then its dual
+    is -dL/dW."""
+    from ..calculus.gradients import error_of
+
+    if not isinstance(w, Term):
+        return False
+    c, rest = T.coefficient(w)
+    return (c == -1 and rest.op == "d" and rest.args[0].scalar) or error_of(w) is not None
+
+
+def sign_of(w, pytorch: bool = False) -> str:
+    """What the gradients of ``w`` hold, in words (``pytorch``: negated, +dL/dW)."""
+    if pytorch:
+        return PYTORCH if is_descent(w) else "minus " + DUAL
+    return DESCENT if is_descent(w) else DUAL
+
+
 def symbol_leaves(terms) -> dict:
     """Printed name -> symbol leaf, for the symbols under ``terms`` whose values must be given (no
     dims, no built-in values), in first-seen order."""
@@ -121,12 +167,14 @@ def symbol_leaves(terms) -> dict:
 
 class Gradients(dict):
     """Gradients by printed weight name; ``show`` prints each, ``save "g.npz" grad(w)`` writes one
-    array per weight."""
+    array per weight, and the entry ``_sign`` that says which sign they hold."""
+
+    sign = DUAL
 
     def show(self) -> str:
         if not self:
             return "(no weights: the form is 0)"
-        parts = []
+        parts = ["gradients: %s" % self.sign]
         for name, g in self.items():
             if g.ndim == 0:  # a scalar weight
                 parts.append("%s (scalar): %.10g" % (name, g))
@@ -140,7 +188,12 @@ class Gradients(dict):
           "by weight name, without W); grad(form(E), W) is the descent direction of 1/2 ||E||^2")
 def _grad(program, w, weight=None):
     if weight is None:
-        return Gradients(gradients(program, w, what="the first argument of grad"))
+        grads = gradients(program, w, what="the first argument of grad")
+        if not grads:
+            raise no_weight(program, "the first argument of grad")
+        out = Gradients(grads)
+        out.sign = sign_of(w)
+        return out
     x = as_term(weight, "the second argument of grad")
     if x.op != "sym" or x.data[0].kind != "weight":
         raise FdslError("the second argument of grad must be a weight, not %s" % short(x))

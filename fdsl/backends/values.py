@@ -338,6 +338,8 @@ def save_effect(program, path, value) -> Write:
             if isinstance(item, (Term, int, Fraction)) and evaluator is None:
                 evaluator = program_evaluator(program)
             arrays[str(name)] = _to_array(program, item, evaluator)[1]
+        if getattr(value, "sign", None):  # gradients say which sign they hold (fdsl.backends.numpy_grad)
+            arrays["_sign"] = np.array(value.sign)
     else:
         if isinstance(value, (Term, int, Fraction)):
             evaluator = program_evaluator(program)

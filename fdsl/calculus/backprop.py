@@ -54,6 +54,21 @@ def _small(g: Term) -> bool:
     return core.op in ("sym", "let", "num", "eye")
 
 
+def merged(gs: list) -> Term:
+    """The sum of the coefficients ``gs`` with equal summands merged, their numbers added:
+    ``-(1/2) E^t - (1/2) E^t`` is ``-E^t``, ``trace(g A) + trace(g A)`` is ``2 trace(g A)``
+    (the terms are interned, so equal is identical); in the order they first appear."""
+    factors: dict = {}
+    for g in gs:
+        for s in T.summands(g):
+            c, rest = T.coefficient(s)
+            factors[rest] = factors.get(rest, 0) + c
+    if len(factors) == sum(len(T.summands(g)) for g in gs):
+        return T.add(*gs)  # nothing to merge: the sum as it was built
+    kept = [rest if c == 1 else T.mul(T.num(c), rest) for rest, c in factors.items() if c != 0]
+    return T.add(*kept) if kept else T.zero(gs[0].shape)
+
+
 def backprop(t: Term, run) -> Term:
     sharing = Sharing(t)
     finals: dict = {}  # weight -> coefficients
@@ -67,12 +82,12 @@ def backprop(t: Term, run) -> Term:
     absorb(run("layer", sharing.term))
     while pending:
         x = max(pending, key=lambda v: ranks[v])  # the last intermediate first
-        g = T.add(*pending.pop(x))
+        g = merged(pending.pop(x))
         name, index = x.data
         if not _small(g):
             g = T.let(adjoint_name(name), index, g)
         absorb(run("layer", T.make("trace", (T.mul(g, T.d(sharing.body(x))),))))
-    terms = [T.make("trace", (T.mul(T.add(*gs), T.d(w)),)) for w, gs in finals.items()]
+    terms = [T.make("trace", (T.mul(merged(gs), T.d(w)),)) for w, gs in finals.items()]
     return order(T.add(*terms))
 
 

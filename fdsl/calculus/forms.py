@@ -277,7 +277,16 @@ def _normalised(program, w):
 @function("coeff(w, W)", "the coefficient G of d(W) in the normal form w = ... + trace(G d(W)) + ... "
           "(a 1-form not yet normal, form(E), is first brought there by normal)")
 def _coeff(program, w, weight):
-    return coeff(_normalised(program, w), _weight_arg(weight))
+    w, x = _normalised(program, w), _weight_arg(weight)
+    g = coeff(w, x)
+    symbol = x.data[0]
+    if T.is_zero(g) and symbol.index and not any(leaf is x for leaf in T.postorder(w)):
+        # K[7] of a family whose form has K_0 and K_1: a misremembered index, not a zero coefficient
+        members = [t.data[0].printed() for t in weights(w) if t.data[0].name == symbol.name]
+        raise FdslError("%s does not occur in the form (%s), so its coefficient is 0; did you mean one of them?"
+                        % (symbol.printed(), "the members of %s there: %s" % (symbol.name, ", ".join(members))
+                           if members else "no member of %s occurs there" % symbol.name))
+    return g
 
 
 @function("weights(w)", "the weights whose differentials appear in w (a 1-form not yet normal is first "

@@ -16,7 +16,7 @@ DTYPES = ("float32", "float64")
 
 def _cmd_codegen(args) -> int:
     from ..backends.codegen import gradient_terms, gradients_source
-    from ..backends.numpy_grad import form_named
+    from ..backends.numpy_grad import form_named, no_weight
     from ..base.files import atomic_write, target_of
     from ..calculus import forms
     from ..calculus.gradients import error_of
@@ -27,7 +27,7 @@ def _cmd_codegen(args) -> int:
     name = args.form
     w = normal_form_of(program, form_named(program, name), name)
     if not forms.normal_terms(w):
-        raise FdslError("%s is 0: it has no gradients to generate code for" % name, file="--form")
+        raise no_weight(program, name)
     origin = "form %s of %s" % (name, args.file)
     error = error_of(form_named(program, name))
     source = gradients_source(w, program.dims, origin, args.target, args.dtype, error)

@@ -66,8 +66,9 @@ def add_limit_options(p) -> None:
     """--step-limit and --size-limit: where a rewrite stops with a reason instead of running on."""
     p.add_argument("--step-limit", type=positive_int, metavar="N", help="rewrite steps before a ruleset "
                    "is declared non-terminating (default %d)" % DEFAULT_STEP_LIMIT)
-    p.add_argument("--size-limit", type=positive_int, metavar="N", help="new term nodes one rewrite may "
-                   "build before it is declared growing without end (default %d)" % DEFAULT_SIZE_LIMIT)
+    p.add_argument("--size-limit", type=positive_int, metavar="N", help="term cells (each new node with its "
+                   "operands) one rewrite may build before it is declared growing without end; one step alone may "
+                   "build a fiftieth of it (default %d)" % DEFAULT_SIZE_LIMIT)
 
 
 def set_limits(program, args) -> None:

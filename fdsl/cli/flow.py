@@ -12,13 +12,15 @@ from .common import FILE_HELP, add_value_options, load_with_values
 def _cmd_flow(args) -> int:
     import numpy as np
 
-    from ..backends.numpy_grad import check_given, coefficients, form_named
+    from ..backends.numpy_grad import check_given, coefficients, form_named, no_weight
     from ..base.files import Write
     from ..learn.flow import _gauss_newton_specs, flows_of
 
     program = load_with_values(args)
     w = form_named(program, args.form)
     coeffs = coefficients(program, w, args.form)
+    if not coeffs:
+        raise no_weight(program, args.form)
     dual_terms = list(coeffs.values()) + [spec.error for spec in _gauss_newton_specs(program, coeffs)]
     check_given(program, dual_terms, args.values)
     flows = flows_of(program, w, what=args.form)

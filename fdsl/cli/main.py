@@ -72,10 +72,24 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # a kill (SIGTERM) ends the work as Ctrl-C does: temporary files removed
 
 
+def _check_command(parser, argv) -> None:
+    """A misspelt command (``fdsl rnu``) gets the one it is closest to, not only the list."""
+    import difflib
+
+    if not argv or argv[0].startswith("-"):
+        return
+    choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if argv[0] not in choices:
+        close = difflib.get_close_matches(argv[0], list(choices), n=1, cutoff=0.5)
+        parser.error("no command %r%s (the commands: %s)" % (argv[0], "; did you mean %r?" % close[0] if close else "",
+                                                             ", ".join(choices)))
+
+
 def _main(argv, result):
     args = None
     try:
         parser = build_parser()
+        _check_command(parser, argv)
         args = parser.parse_args(argv)
         _inputs_of(args)
         result.append(args.func(args))

@@ -103,11 +103,34 @@ def _all_same(opname):
         # a scalar also fits a 1 x 1 matrix
         shape, bad = _common_shape(args, lambda s, x: x.shape == s or (x.scalar and s == (1, 1)))
         if bad is not None:
-            raise ShapeError("{0}: %s %s %s: shapes differ" % (shape_str(shape), opname, shape_str(bad.shape)),
+            raise ShapeError("{0}: %s %s %s: shapes differ%s" % (shape_str(shape), opname, shape_str(bad.shape),
+                                                                 _broadcast_hint(opname, args, shape, bad)),
                              _rebuild_for_message(opname, args))
         return shape, all(x.scalar for x in args)
 
     return rule
+
+
+def _broadcast_hint(opname, args, shape, bad) -> str:
+    """What to write where numpy would broadcast a row (1 x d) or a column (n x 1) over a matrix:
+    fdsl adds only equal shapes, so the row is spread with a column of ones, C b."""
+    if opname not in ("+", "-", "*") or bad.shape is None:
+        return ""
+    first = next(x for x in args if x.shape == shape)
+    for small, big in ((bad, first), (first, bad)):
+        (r, c), (R, C) = small.shape, big.shape
+        name = str(small)
+        if r == 1 and c == C and R != 1:
+            return ("; fdsl does not broadcast a row over the rows of a matrix as numpy does: write C %s, with "
+                    "const C : %s x 1 = ones (C %s is (%s x %s))" % (_factor(name), R, _factor(name), R, C))
+        if c == 1 and r == R and C != 1:
+            return ("; fdsl does not broadcast a column over the columns of a matrix as numpy does: write %s C^t, "
+                    "with const C : %s x 1 = ones (%s C^t is (%s x %s))" % (_factor(name), C, _factor(name), R, C))
+    return ""
+
+
+def _factor(text: str) -> str:
+    return text if text.replace("_", "").isalnum() else "(%s)" % text
 
 
 def _rebuild_for_message(opname, args):
@@ -238,9 +261,16 @@ NUMPY_FUNCTIONS: dict[str, tuple] = {
     "sigmoid": (1, "(0.5 + 0.5 * np.tanh(0.5 * {0}))"),  # 1 / (1 + exp(-x)), without overflow
     "softplus": (1, "np.logaddexp(0.0, {0})"),  # log(1 + exp(x)), without overflow
     "step": (1, "np.heaviside({0}, 0.0)"),  # 1 where positive, else 0
+    # (log, sqrt: defined for positive entries only; NUMPY_POSITIVE below)
     **{f: (2, "np.%s({0}, {1})" % f) for f in (
         "maximum", "minimum", "multiply", "add", "subtract", "divide", "hypot", "arctan2", "logaddexp")},
 }
+
+
+# the numpy functions of the table defined only for positive entries (log1p: above -1, drawn
+# positive all the same), and, for two arguments, the positions that must be: an operator declared
+# with one of them is checked (fdsl rules --check) at positive values there
+NUMPY_POSITIVE: dict[str, tuple] = {"log": (0,), "log1p": (0,), "sqrt": (0,), "reciprocal": (0,), "divide": (1,)}
 
 
 # ---- the table ---------------------------------------------------------------------------------

@@ -257,7 +257,10 @@ class Printer:
                 top = self.style.paren(text) if p < HAD else text
             else:
                 top = self._at(n.args[0], HAD)
-            return top + s.div_sep + self._at(n.args[1], HAD + 1), HAD, None
+            below = self._at(n.args[1], HAD + 1)
+            if n.args[1].op == "mul" and below[:1].isdigit():  # A / 2 B would not read back (fdsl.lang.parse)
+                below = s.paren(below)
+            return top + s.div_sep + below, HAD, None
         if op == "t":
             return s.transpose(self._at(n.args[0], POSTFIX)), POSTFIX, None
         if op == "pow":

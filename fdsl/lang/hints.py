@@ -82,6 +82,8 @@ def _hint_at(src: str, col: int) -> Optional[str]:
         return _TRANSPOSE
     if at.startswith("*") and before.endswith("*"):
         return "a power is written ^: s^2, k^(-1/2)"
+    if at.startswith("//") or (at.startswith("/") and before.endswith("/")):
+        return "a comment starts with #, not //: # the rest of the line"
     return None
 
 

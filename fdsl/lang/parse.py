@@ -180,6 +180,44 @@ class ToAst(Transformer_NonRecursive):
         head, *args = children
         return self._node("call", meta, args, str(head)[:-1])
 
+    def __init__(self, text: str = ""):
+        super().__init__()
+        self.text = text  # the source, to quote an expression as written
+
+    def _offset(self, line: int, col: int) -> int:
+        starts = getattr(self, "_starts", None)
+        if starts is None:
+            starts = self._starts = [0] + [i + 1 for i, ch in enumerate(self.text) if ch == "\n"]
+        return starts[line - 1] + col - 1
+
+    def _follows_slash(self, node) -> bool:
+        """Whether ``node`` is written right after a ``/`` (not inside parentheses: 1 / (2 A))."""
+        if not self.text or not node.line:
+            return False
+        i = self._offset(node.line, node.col) - 1
+        while i >= 0 and self.text[i] in " \t\f":
+            i -= 1
+        return i >= 0 and self.text[i] == "/"
+
+    def div(self, meta, children):
+        # `1 / 2 trace(E)` reads to a person as half the trace (Mathematica reads 1/2 x so), to the
+        # grammar as 1 / (2 trace(E)): a number leading a product right of `/` is refused with both
+        # spellings, never read silently one way (X U / Z V, with no number, stays (X U) / (Z V))
+        right = children[1]
+        lead = right
+        while lead.kind == "mul":
+            lead = lead.args[0]
+        if right.kind == "mul" and lead.kind == "number" and self._follows_slash(lead):
+            written = " ".join(self.text[meta.start_pos:meta.end_pos].split())
+            start = self._offset(lead.line, lead.col)
+            top = " ".join(self.text[meta.start_pos:start].split())[:-1].strip()  # up to the /
+            below = " ".join(self.text[start:meta.end_pos].split())
+            number, _, rest = below.partition(" ")
+            raise FdslError("%s is ambiguous: write (%s / %s) %s to multiply by %s / %s, or %s / (%s) to "
+                            "divide by the whole product" % (written, top, number, rest, top, number, top, below),
+                            line=meta.line, col=meta.column)
+        return self._node("div", meta, children)
+
     def __default__(self, data, children, meta):
         return self._node(str(data), meta, children)
 
@@ -348,7 +386,7 @@ def parse_program(text: str, filename: str = "<string>") -> list:
         text += "\n"
     try:
         tree = _parser("fdsl.lark").parse(text)
-        return ToAst().transform(tree)
+        return ToAst(text).transform(tree)
     except UnexpectedInput as e:
         raise syntax_error(e, text, filename) from None
     except VisitError as e:

@@ -73,6 +73,9 @@ class Program:
         self.definitions: dict[str, object] = {}  # name = expr: its value
         self.clauses: dict[str, list[Clause]] = {}  # name(params) = expr
         self.declared_at: dict[str, str] = {}
+        # definition name -> (text, filename, {clause pattern: place}, pattern, place): where it was defined
+        self.defined_at: dict[str, tuple] = {}
+        self.notes: list[str] = []  # what the repl says after an input: "E redefined (...)"
         self.sources: dict[str, list[str]] = {}  # definition name -> its clauses as written
         self.effects: list = []
         self.options = {"trace": False, "step_limit": None, "size_limit": None}
@@ -216,6 +219,7 @@ class Program:
         if st.name in self.symbols or st.name in self.dims or st.name in self.families:
             raise FdslError("%s is already declared (%s); a definition needs a name of its own"
                             % (st.name, self.declared_at[st.name]), self._src[0], st.line, st.col, self._src[1])
+        self._check_defined_once(st)
         share.reserve(st.name)
         self._record_source(st)
         if st.params is None:
@@ -231,6 +235,33 @@ class Program:
             clauses.append(Clause(st.name, st.params, st.body, st.named, self._src, st.line))
             self.definitions.pop(st.name, None)
         self._memo.clear()  # a redefinition changes what earlier calls would give
+
+    def _check_defined_once(self, st: Stmt):
+        """A definition given twice in one text (a file) is a mistake: the second would silently
+        replace the first, and a function clause that repeats an earlier one's pattern would never
+        be tried. Across texts (the repl's inputs, -e after a file) a redefinition is allowed and
+        noted in ``self.notes``, for the repl to say."""
+        pattern = None if st.params is None else tuple(p if isinstance(p, int) else None for p in st.params)
+        here = "%s:%d" % (self._src[0], st.line)
+        seen = self.defined_at.get(st.name)
+        if seen is not None and seen[0] is self._src[1] and seen[1] == self._src[0]:
+            earlier = seen[2].get(pattern) if pattern is not None and seen[3] is not None else seen[4]
+            if pattern is None or seen[3] is None:  # a value defined twice, or a value and a function
+                raise FdslError("%s is defined twice: here and at %s, and the second would replace the first; "
+                                "give one of them another name (or delete one)" % (st.name, seen[4]),
+                                self._src[0], st.line, st.col, self._src[1])
+            if earlier is not None:
+                raise FdslError("this clause of %s has the same parameters as the one at %s, which is tried "
+                                "first, so this one would never be; delete one of them" % (st.name, earlier),
+                                self._src[0], st.line, st.col, self._src[1])
+        elif seen is not None:
+            if pattern is None or seen[3] is None:  # a function's clauses may be added to
+                self.notes.append("%s redefined (it was defined at %s)" % (st.name, seen[4]))
+            seen = None
+        if seen is None:
+            seen = self.defined_at[st.name] = (self._src[1], self._src[0], {}, pattern, here)
+        if pattern is not None:
+            seen[2].setdefault(pattern, here)
 
     def _record_source(self, st: Stmt):
         """Keep a definition's text as written, for the program's display (clauses accumulate;
@@ -485,6 +516,14 @@ class Program:
                 return env[key]
         if base_node.kind == "name" and base_node.value in self.families and base_node.value not in env:
             return self.family_member(base_node.value, tuple(as_int(i, "an index") for i in index), node)
+        if base_node.kind == "name" and base_node.value in self.symbols and base_node.value not in env:
+            # W[1] of a declared symbol: x[j] would be summand j of a sum, and W[0] silently W
+            sym = self.symbols[base_node.value]
+            kind = sym.data[0].kind if sym.op == "sym" else "const"
+            shape = "scalar" if sym.scalar and kind == "weight" else " x ".join(map(str, sym.shape or ("n", "n")))
+            raise self.error("%s is not a family (%s): declare %s %s[i] : %s to have %s[0], %s[1], ..."
+                             % (base_node.value, self.declared_at.get(base_node.value, "declared"), kind,
+                                base_node.value, shape, base_node.value, base_node.value), node)
         base = self.evaluate(base_node, env)
         if len(index) != 1:
             raise self.error("one index selects a summand: x[j]", node)

@@ -39,7 +39,7 @@ from ..core import ops as O
 from ..core import terms as T
 from ..core.ops import ShapeError
 from ..rewrite.engine import PREDICATES, Builtin, Engine, Rule, Strategy
-from ..rewrite.patterns import Bag, Num, Op, Seq, Var, Word, build, heads, variables
+from ..rewrite.patterns import Bag, Exponent, Num, Op, Seq, Var, Word, build, heads, variables
 from .parse import Node, ToAst, _parser, syntax_error
 
 
@@ -126,6 +126,9 @@ class _RuleAst(ToAst):
     def op_linear(self, meta, c):
         return ("linear", [str(x) for x in c])
 
+    def op_domain(self, meta, c):
+        return ("positive", [str(x) for x in c])
+
     def start(self, meta, c):
         return list(c)
 
@@ -208,8 +211,16 @@ class _Compiler:
             raise self.err("indexing x[j] cannot stand in a rule", n)
         raise self.err("%s cannot stand in a rule" % k, n)
 
-    def _number(self, e: Node) -> Fraction:
-        """An exponent: a number, or -, / of numbers (?A^(-1/2))."""
+    def _number(self, e: Node):
+        """An exponent: a number, or -, / of numbers (?A^(-1/2)); or an exponent variable, ?p, which
+        binds the exponent of a power (?a^(?p)), shifted by a number on a right side (?a^(?p - 1))."""
+        if e.kind == "var" and self.params is None:
+            return Exponent(e.value)
+        if e.kind in ("add", "sub") and e.args[0].kind == "var" and self.params is None:
+            shift = self._number(e.args[1])
+            if isinstance(shift, Exponent):
+                raise self.err("an exponent is ?p plus or minus a number", e)
+            return Exponent(e.args[0].value, shift if e.kind == "add" else -shift)
         if e.kind == "number":
             return Fraction(e.value)
         if e.kind == "neg":
@@ -450,12 +461,16 @@ class RuleBook:
             raise err("operator %s is built in" % name, item)
         if len(set(params)) != len(params):
             raise err("operator %s names an argument twice" % name, item)
-        opts = {"numpy": None, "linear": [], "latex": None, "doc": "", "body": None}
+        opts = {"numpy": None, "linear": [], "latex": None, "doc": "", "body": None, "positive": []}
         for key, value in item["options"]:
             opts[key] = value
         for lin in opts["linear"]:
             if lin not in params:
                 raise err("operator %s has no argument %s to be linear in" % (name, lin), item)
+        for arg in opts["positive"]:
+            if arg not in params:
+                raise err("operator %s has no argument %s to have a domain" % (name, arg), item)
+        positive = {params.index(a) for a in opts["positive"]}
         template = None
         if opts["numpy"] is not None and opts["body"] is not None:
             raise err("operator %s has both a numpy function and a value: give one" % name, item)
@@ -467,6 +482,7 @@ class RuleBook:
                           "as an fdsl expression: operator %s(...) = EXPR)"
                           % (fn, ", ".join(sorted(O.NUMPY_FUNCTIONS)), name), where)
             arity, template = O.NUMPY_FUNCTIONS[fn]
+            positive |= set(O.NUMPY_POSITIVE.get(fn, ()))  # numpy log: positive entries, as built-in log
             if arity != len(params):
                 raise err("numpy %s takes %d argument%s, but %s has %d" % (
                     fn, arity, "" if arity == 1 else "s", name, len(params)), where)
@@ -475,7 +491,7 @@ class RuleBook:
         O.register(O.Op(name, len(params), O.same_shape_args(name),
                         linear=tuple(params.index(l) for l in opts["linear"]),
                         numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
-                        user=True, params=tuple(params)))
+                        user=True, params=tuple(params), positive=tuple(sorted(positive))))
 
     def _compile_rule(self, item, ruleset, display, err, text) -> Rule:
         name = item["name"]
@@ -493,6 +509,9 @@ class RuleBook:
         if not _bags_ok(lhs):
             raise err("in %s, a sum on the left has two runs ?A...: sums are commutative, so one run "
                       "collects the rest" % name, item)
+        if any(isinstance(q.data, Exponent) and q.data.offset for q in _ops(lhs)):
+            raise err("in %s, an exponent on the left is a number or ?p, which binds it; ?p - 1 is for the "
+                      "right side" % name, item)
         bound = variables(lhs)
         bound_names = {n: k for n, k in bound}
         for n, k in variables(rhs):
@@ -753,3 +772,15 @@ def _display_path(path: Path) -> str:
     except FileNotFoundError:
         pass
     return str(path)
+
+
+def _ops(p):
+    """Every operator pattern in ``p``."""
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, Op):
+            yield q
+            stack.extend(q.args)
+        elif isinstance(q, (Word, Bag)):
+            stack.extend(q.items)

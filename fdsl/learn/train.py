@@ -48,23 +48,81 @@ def objective_of(w) -> Optional[Term]:
     return None
 
 
+def check_not_ascent(w, what: str) -> None:
+    """Refuse a 1-form that is the ascent direction of its own loss: ``d(L)`` (or
+    ``trace(E^t d(E))``, which is ``+d(1/2 ||E||^2)``). Training along it climbs L, silently."""
+    if not isinstance(w, Term):
+        return
+    c, rest = T.coefficient(w)
+    if c > 0 and rest.op == "d" and rest.args[0].scalar:
+        raise FdslError("%s is d(L), the direction in which L grows: training along it climbs L; "
+                        "write -d(L) (w = -d(L)), its descent direction" % what)
+    if c > 0 and error_of(T.neg(w)) is not None:
+        raise FdslError("%s is trace(E^t d(E)) = d(1/2 ||E||^2), the direction in which the loss grows: "
+                        "training along it climbs; write form(E) = -trace(E^t d(E)), its descent direction"
+                        % what)
+
+
+# a loss that grows by this factor over its first value has diverged
+DIVERGED = 1e4
+
+
+def cross_entropy_targets(loss: Term) -> list:
+    """The targets T of the cross-entropy summands ``-c trace(T^t logsoftmax(Z))`` of a loss (also
+    ``log(a(Z))``, and the trace's factors in any cyclic order), c > 0, that involve no weight."""
+    out = []
+    for summand in T.summands(loss):
+        c, rest = T.coefficient(summand)
+        if c >= 0 or rest.op != "trace":
+            continue
+        factors = T.factors(rest.args[0])
+        for i, f in enumerate(factors):
+            if f.op == "logsoftmax" or (f.op == "log" and f.args[0].op == "a"):
+                others = factors[i + 1:] + factors[:i]  # trace(A f B) = trace(B A f): T = (B A)^t
+                if others:
+                    product = T.mul(*others)
+                    target = product.args[0] if product.op == "t" else T.transpose(product)
+                    if not target.has_weight:
+                        out.append(target)
+    return out
+
+
+def check_distribution(name: str, y) -> None:
+    """An FdslError unless every row of ``y`` (last axis) is a probability distribution: a
+    cross-entropy against anything else has no minimum, and training it runs off to -infinity."""
+    y = np.asarray(y, dtype=np.float64)
+    sums = y.sum(axis=-1)
+    worst_sum = np.unravel_index(np.argmax(np.abs(sums - 1)), sums.shape)
+    why = None
+    if y.size and y.min() < -1e-12:
+        at = np.unravel_index(np.argmin(y), y.shape)
+        why = "entry %s is %.4g, below 0" % (tuple(int(i) for i in at), y[at])
+    elif sums.size and abs(sums[worst_sum] - 1) > 1e-6:
+        why = "row %s sums to %.6g, not 1" % (tuple(int(i) for i in worst_sum), sums[worst_sum])
+    if why is not None:
+        raise FdslError("the targets %s of the cross-entropy are not rows of a probability distribution (%s): "
+                        "a cross-entropy against them has no minimum; give one-hot rows or probabilities "
+                        "(with --values FILE.npz or values \"FILE.npz\")" % (name, why))
+
+
 class Trainer:
     """Steps along the flow of a 1-form under the program's metric, from the program's values,
     recording the loss and the watched quantities at every step."""
 
     def __init__(self, program, w, what: str = "the form", watches=()):
-        from ..backends.numpy_grad import coefficients, normal_form, symbol_leaves
+        from ..backends.numpy_grad import coefficients, no_weight, normal_form, symbol_leaves
         from ..backends.values import program_evaluator
         from .flow import Dualizer
 
         self.program = program
         self.what = what
+        check_not_ascent(w, what)
         self.normal = normal_form(program, w, what)  # once: every step reuses it
         self.error = error_of(w)
         self.objective = objective_of(w) if self.error is None else None  # w = -d(L): L is the loss
         self.coefficients = coefficients(program, self.normal, what)
         if not self.coefficients:
-            raise FdslError("%s involves no weight: there is nothing to train" % what)
+            raise no_weight(program, what, ", so there is nothing to train")
         self.dual = Dualizer(program, list(self.coefficients), what)  # the metric, prepared once
         self.watches = _distinct_labels(list(watches))  # [(label, term)]
         self.scalars = {label for label, t in self.watches if t.scalar}  # recorded as values, not norms
@@ -83,12 +141,44 @@ class Trainer:
             if name not in self.values:  # a weight only its differential mentions
                 self.values[name] = np.array(ev.value(x), dtype=np.float64)
         self.dims, self.origin = ev.dims, ev.origin
+        self._check_data(program)
         self.weights = list(self.dual.weights)
         self.label = "loss" if self.error is not None or self.objective is not None else "|grad|"
         columns = ["step", self.label] + [label for label, _ in self.watches]
         if self.dual.blocks:
             columns += ["cg_iterations", "cg_residual"]
         self.log = Log(columns, metric=self.dual.describe())
+
+    def _check_data(self, program) -> None:
+        """Say once (on stderr) which data of the loss --random drew, and hold the targets of a
+        cross-entropy to be distributions: a loss of data that are not what it expects trains
+        without error to a meaningless number."""
+        from ..backends.numpy_eval import Evaluator
+        from ..backends.numpy_grad import symbol_leaves
+        from ..core.printers import short
+
+        self.drawn = None  # said once, after the run (or in the message that stops it)
+        loss = self.error if self.error is not None else self.objective
+        if loss is None:
+            return
+        store = program.values
+        drawn = [name for name, leaf in symbol_leaves([loss]).items()
+                 if leaf.data[0].kind != "weight" and store is not None and name in store.generated]
+        if drawn and store is not None and getattr(store, "drawn_said", None) != drawn:
+            store.drawn_said = drawn
+            self.drawn = ("the data %s of the loss %s drawn at random (random SEED / --random): give them with "
+                          "--values FILE.npz to train on real data" % (", ".join(drawn), "is" if len(drawn) == 1
+                                                                        else "are"))
+        if self.objective is None:
+            return
+        ev = Evaluator(self.values, self.dims, self.origin)
+        for target in cross_entropy_targets(self.objective):
+            try:
+                check_distribution(short(target), ev.value(target))
+            except FdslError as e:
+                if self.drawn:
+                    e.message += "; note: " + self.drawn
+                raise
 
     def measure(self):
         """(loss, flows, the record's numbers) at the current values: the loss and the gradients
@@ -118,9 +208,11 @@ class Trainer:
         from ..backends.numpy_eval import NonFinite
 
         def stop(step, what):
-            return FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)" % (step, what, lr))
+            return FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)%s"
+                             % (step, what, lr, "; note: " + self.drawn if self.drawn else ""))
 
         curve = []
+        first = None
         for step in range(steps + 1):
             try:
                 with np.errstate(all="ignore"):  # a diverging run is caught just below
@@ -130,6 +222,9 @@ class Trainer:
             if not (math.isfinite(loss) and all(np.isfinite(v).all() for v in flows.values())):
                 raise stop(step, self._first_non_finite() or "the %s is %s" % (self.label, loss))
             self.log.rows.append([step] + record)
+            first = loss if first is None else first
+            if self.label == "loss" and loss > DIVERGED * max(first, 1e-8):
+                raise stop(step, "the loss grew from %.6g to %.6g: it diverges" % (first, loss))
             if step % every == 0 or step == steps:
                 curve.append((step, loss))
                 if report is not None:
@@ -138,6 +233,8 @@ class Trainer:
                 break
             for name, v in flows.items():
                 self.values[name] = self.values[name] + lr * v
+        if self.drawn:
+            self.program.trace_out.write("note: %s\n" % self.drawn)
         return curve
 
     def _first_non_finite(self):

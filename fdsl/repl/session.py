@@ -34,6 +34,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,10 +212,11 @@ def _reset(session, arg):
 def _time(session, arg):
     if not arg:
         raise FdslError("usage: :time EXPR")
+    session.paging = 0.0  # the time spent in the pager is the reader's, not the work's
     wall, cpu = time.perf_counter(), time.process_time()
     ok = session.run(arg)
-    session.say("time: %.3f s (cpu %.3f s)%s" % (time.perf_counter() - wall, time.process_time() - cpu,
-                                                 "" if ok else ", failed"))
+    wall = time.perf_counter() - wall - session.paging
+    session.say("time: %.3f s (cpu %.3f s)%s" % (wall, time.process_time() - cpu, "" if ok else ", failed"))
 
 
 @command(":diagram EXPR [-o FILE]", "draw the term graph of EXPR with Graphviz, to FILE or a temporary file")
@@ -292,15 +294,28 @@ def help_text(program, name: str = "") -> str:
         raise FdslError("no help for %r: it is not a name of this session, a function, operator, statement or "
                         "command (:who lists the session's names)" % name)
 
-    def table(rows):
+    def table(rows, columns=80):
+        # an 80-column terminal: the first column is as wide as its usual entries (a longer one
+        # stands on a line of its own) and the descriptions wrap beside it
         rows = list(rows)
-        width = max((len(a) for a, _ in rows), default=0)
-        return ["  %-*s  %s" % (width, a, b) for a, b in rows]
+        width = min(max((len(a) for a, _ in rows), default=0), 22)
+        out = []
+        for a, b in rows:
+            wrapped = textwrap.wrap(b, columns - width - 4, break_long_words=False, break_on_hyphens=False) or [""]
+            if len(a) > width:
+                out += textwrap.wrap(a, columns, initial_indent="  ", subsequent_indent="      ",
+                                     break_long_words=False)
+                out += ["  %-*s  %s" % (width, "", line) for line in wrapped]
+            else:
+                out.append("  %-*s  %s" % (width, a, wrapped[0]))
+                out += ["  %-*s  %s" % (width, "", line) for line in wrapped[1:]]
+        return out
 
     lines = ["Type fdsl: declarations (dim, const, scalar, weight), definitions (name = expr,",
              "f(i, Z) = expr, name := expr), statements, or an expression alone to show it.",
              "A line with open brackets or ending in an operator continues on the next.",
-             "Up-arrow recalls, Ctrl-R searches the history, Tab completes names, Ctrl-C cancels.",
+             "Up-arrow recalls, Ctrl-R searches the history, Tab completes names, Ctrl-C",
+             "cancels.",
              "", "Commands:"]
     lines += table((c.usage, c.doc) for c in COMMANDS.values())
     lines += ["", "Statements:"]
@@ -311,7 +326,8 @@ def help_text(program, name: str = "") -> str:
     lines += table((_op_signature(op), op.doc) for _, op in sorted(operators.items()))
     if program.rulebook is not None and hasattr(program.rulebook, "ruleset_names"):
         lines += ["", "Rulesets (call as NAME(E); :rules NAME shows the rules):",
-                  "  " + ", ".join(program.rulebook.ruleset_names())]
+                  *textwrap.wrap(", ".join(program.rulebook.ruleset_names()), 78, initial_indent="  ",
+                                 subsequent_indent="  ")]
     return "\n".join(lines)
 
 
@@ -333,8 +349,12 @@ def describe_name(program, name: str) -> Optional[str]:
         return "%s %s[%s] : %s x %s%s" % ((fam.kind, name, ", ".join(fam.indices)) + tuple(fam.shape) + (where,))
     if name in program.definitions:
         value = program.definitions[name]
-        lines = ["%s %s %s" % (name, ":=" if isinstance(value, Term) and value.op == "let" else "=",
-                               render(value.args[0] if isinstance(value, Term) and value.op == "let" else value))]
+        shown = render(value.args[0] if isinstance(value, Term) and value.op == "let" else value)
+        sign = ":=" if isinstance(value, Term) and value.op == "let" else "="
+        if "\n" in shown:  # a normal form, a term with bindings: laid out as show lays it out, indented
+            lines = ["%s %s" % (name, sign)] + ["    " + line for line in shown.splitlines()]
+        else:
+            lines = ["%s %s %s" % (name, sign, shown)]
         if isinstance(value, Term):
             lines.append("    shape %s" % _shape_text(value))
         return "\n".join(lines)
@@ -383,6 +403,7 @@ class Session:
         self.program = Program("<repl>", Path.cwd())
         self.program.trace_out = self.err
         self.pager = pager or os.environ.get("FDSL_PAGER", "auto").strip().lower() or "auto"
+        self.paging = 0.0  # seconds spent in the pager, which :time leaves out
         if self.pager not in ("on", "off", "auto"):
             self.pager = "auto"
         self.rule_files: list = []  # --rules given on the command line: :reset keeps them
@@ -464,6 +485,9 @@ class Session:
             raise
         if program.last_shown is not None:
             program.definitions["_"] = program.last_shown  # _ is the last value shown
+        for note in program.notes:  # E redefined (it was defined at <repl>:1)
+            self.say(note)
+        program.notes.clear()
         try:
             self.perform(program.effects, hint)
         finally:
@@ -513,7 +537,10 @@ class Session:
             if pager is None and self.pager == "on":
                 self.say(text)
                 return
-            if pager is not None and _page(pager, text + "\n"):
+            start = time.perf_counter()
+            paged = pager is not None and _page(pager, text + "\n")
+            self.paging += time.perf_counter() - start
+            if paged:
                 return
         # the note takes rows too when it wraps; this one is at least as long as the final one
         shown = max(limit - len(_screen_rows(cut_note(len(rows), hint), cols)), 1)

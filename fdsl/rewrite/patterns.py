@@ -48,6 +48,23 @@ class Seq:
 
 
 @dataclass(frozen=True)
+class Exponent:
+    """An exponent variable: ``?p`` in ``?a^(?p)`` binds the exponent of a power (to the number
+    term ``p``, so ``?p`` also stands as a factor); ``?a^(?p - 1)`` on a right side shifts it."""
+
+    name: str
+    offset: Fraction = Fraction(0)
+
+    def __str__(self):
+        if not self.offset:
+            return "?%s" % self.name
+        return "?%s %s %s" % (self.name, "-" if self.offset < 0 else "+", abs(self.offset))
+
+    def value(self, b: dict) -> Fraction:
+        return Fraction(b[self.name].data) + self.offset
+
+
+@dataclass(frozen=True)
 class Op:
     op: str
     args: tuple
@@ -57,7 +74,7 @@ class Op:
         if self.op == "t":
             return "%s^t" % _atom(self.args[0])
         if self.op == "pow":
-            return "%s^(%s)" % (_atom(self.args[0]), self.data)
+            return "%s^(%s)" % (_atom(self.args[0]), self.data)  # a number or an Exponent
         return "%s(%s)" % (self.op, ", ".join(map(str, self.args)))
 
 
@@ -117,6 +134,23 @@ def variables(p) -> set:
             out.add((q.name, type(q)))
         elif isinstance(q, Op):
             stack.extend(q.args)
+            if isinstance(q.data, Exponent):
+                out.add((q.data.name, Var))
+        elif isinstance(q, (Word, Bag)):
+            stack.extend(q.items)
+    return out
+
+
+def exponents(p) -> set:
+    """The names of the exponent variables of a pattern (``?p`` of ``?a^(?p)``)."""
+    out = set()
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, Op):
+            stack.extend(q.args)
+            if isinstance(q.data, Exponent):
+                out.add(q.data.name)
         elif isinstance(q, (Word, Bag)):
             stack.extend(q.items)
     return out
@@ -168,6 +202,8 @@ def quick_test(p):
         return lambda t: t.op == "num" and t.data == value
     if isinstance(p, Op):
         op, n, data = p.op, len(p.args), p.data
+        if isinstance(data, Exponent):
+            data = None
         subs = tuple((i, quick_test(a)) for i, a in enumerate(p.args) if not isinstance(a, (Var, Seq)))
         if data is None and not subs:  # the usual case, d(?A), mm(?X, ?B): the operator is the test
             return lambda t: t.op == op and len(t.args) == n
@@ -378,6 +414,8 @@ def _run_letter_run(p: Word):
 
 def _compile_op(p: Op) -> tuple:
     op, n, data = p.op, len(p.args), p.data
+    if isinstance(data, Exponent):
+        return _compile_exponent(p)
     subs = tuple(_matcher(a) for a in p.args)
 
     def fits(t):
@@ -400,6 +438,31 @@ def _compile_op(p: Op) -> tuple:
         if fits(t):
             yield from _match_args(subs, t.args, 0, b)
     return None, op_many
+
+
+def _compile_exponent(p: Op) -> tuple:
+    """``?a^(?p)``: the power's base matched as usual, its exponent bound to ``?p`` (as a number
+    term; equal to an earlier binding of ``?p``, if any)."""
+    name = p.data.name
+    inner = Op(p.op, p.args)  # the same pattern with any exponent
+    single, many = _compile_op(inner)
+
+    def bind(t, b):
+        bound = b.get(name)
+        if bound is None:
+            nb = dict(b)
+            nb[name] = T.num(t.data)
+            return nb
+        return b if bound.op == "num" and bound.data == t.data else None
+
+    def exp_many(t, b):
+        if t.op != p.op or len(t.args) != len(p.args):
+            return
+        for nb in (many(t, b) if many is not None else [x for x in [single(t, b)] if x is not None]):
+            nb = bind(t, nb)
+            if nb is not None:
+                yield nb
+    return None, exp_many
 
 
 def _match_args(subs, ts, i, b):
@@ -546,6 +609,8 @@ def build(p, b: dict) -> Term:
     if isinstance(p, Num):
         return T.num(p.value)
     if isinstance(p, Op):
+        if isinstance(p.data, Exponent):
+            return T.power(build(p.args[0], b), p.data.value(b))
         return T.make(p.op, [build(a, b) for a in p.args], p.data)
     if isinstance(p, Word):
         return T.mul(*_splice(p.items, b, "mul"))
@@ -573,6 +638,9 @@ def builder(p):
         return lambda b: value
     if isinstance(p, Op):
         op, data, args = p.op, p.data, tuple(builder(a) for a in p.args)
+        if isinstance(data, Exponent):
+            (base,) = args
+            return lambda b: T.power(base(b), data.value(b))
         if len(args) == 1:
             (only,) = args
             return lambda b: T.make(op, (only(b),), data)

@@ -154,8 +154,10 @@ def _walk(p):
 
 def _needs(rule: Rule) -> dict:
     needs: dict = {}
+    exponents = P.exponents(rule.lhs)  # ?p of ?a^(?p): a number, drawn by Instance, not a term
     for name, kind in sorted(P.variables(rule.lhs), key=lambda v: v[0]):
-        needs[name] = Need(name, kind is P.Seq)
+        if name not in exponents:
+            needs[name] = Need(name, kind is P.Seq)
     for q in _walk(rule.lhs):
         if isinstance(q, (P.Word, P.Bag)):
             ctx = "mul" if isinstance(q, P.Word) else q.op
@@ -164,6 +166,8 @@ def _needs(rule: Rule) -> dict:
                     needs[item.name].context = ctx
         if isinstance(q, P.Op) and q.op == "pow" and isinstance(q.args[0], P.Var):
             needs[q.args[0].name].scalar_arg = True
+            if isinstance(q.data, P.Exponent):  # any exponent, 1/2 and -1 included: a positive base
+                needs[q.args[0].name].positive = True
         if isinstance(q, P.Op) and q.op == "d" and isinstance(q.args[0], P.Var):
             needs[q.args[0].name].under_d = True
         if isinstance(q, P.Op) and q.op in O.OPS:
@@ -234,6 +238,8 @@ class Instance:
         self._constrain()
         self.size = self.dims.sizes(rng)
         self.bindings = self._generate()
+        for name in sorted(P.exponents(rule.lhs)):  # ?p of ?a^(?p): one of a few exponents
+            self.bindings[name] = T.num(_NUMBERS[rng.integers(len(_NUMBERS))])
 
     # -- flavours and run lengths
 
@@ -329,6 +335,8 @@ class Instance:
     def _shape(self, p) -> Shape:
         dims = self.dims
         if isinstance(p, (P.Var, P.Seq)):
+            if p.name not in self.shapes:  # ?p, an exponent standing as a factor: a number
+                return Shape(self.one, self.one, True)
             r, c, _ = self.shapes[p.name]
             return Shape(r, c, self.scalar[p.name])
         if isinstance(p, P.Num):
@@ -603,13 +611,16 @@ def _trial(rule: Rule, needs, compound, rng) -> float:
 def _evaluate(inst, tangent, step, *terms):
     """The values of ``terms`` (None: the first one's again) with d along ``tangent`` by finite
     differences of ``step``."""
-    from ..backends.numpy_eval import Evaluator, NotDifferentiable
+    from ..backends.numpy_eval import Evaluator, NonFinite, NotDifferentiable
 
     ev = Evaluator(inst.values, {}, tangent=tangent, step=step)
     try:
         values = [ev.value(t) if t is not None else None for t in terms]
     except NotDifferentiable:
         raise Reject("the finite differences cross a kink of relu")
+    except NonFinite as e:  # values outside an operator's domain: draw others (and say so if none fit)
+        raise Reject("%s; an operator defined for positive entries only says so: operator f(A) ... "
+                     "domain A positive" % e.message)
     except FloatingPointError as e:
         raise Reject("floating point: %s" % e)
     return [v if v is not None else values[0] for v in values]

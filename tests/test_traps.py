@@ -1,0 +1,365 @@
+"""The traps of issue 22: mistakes that used to give an answer that was wrong and looked right.
+
+Each either gives the right answer or stops with exit code 2 and a message that says what to
+write: training uphill (``w = d(L)``), a gradient file whose sign is nowhere in it, ``1 / 2
+trace(E)`` read as ``1 / (2 trace(E))``, a form with no weight, a definition given twice, data
+drawn at random for a loss that expects distributions.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+
+import fdsl
+from fdsl.base.errors import FdslError
+
+HEAD = """dim n = 6, d = 4
+const X : n x d, Y : n x d
+weight W : d x d
+E := Y - X W
+"""
+
+
+def write(tmp_path, text, name="p.fd"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---- 1. training never climbs silently ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["d(L)", "trace(E^t d(E))", "2 d(L)"])
+def test_train_refuses_an_ascent_direction(run_fdsl, tmp_path, form):
+    path = write(tmp_path, HEAD + "L = 1/2 trace(E^t E)\nw = %s\nrandom 0\ntrain(w, 20, 1/10)\n" % form)
+    r = run_fdsl("run", path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "climbs" in r.stderr and ("write -d(L)" in r.stderr or "write form(E)" in r.stderr)
+    r = run_fdsl("train", path, "--form", "w", "--steps", "3", "--lr", "0.1", "--random", "0")
+    assert r.returncode == 2 and "climbs" in r.stderr
+
+
+def test_train_descends_minus_d_of_the_loss_and_reports_it(run_fdsl, tmp_path):
+    path = write(tmp_path, HEAD + "L = 1/2 trace(E^t E)\nw = -d(L)\nrandom 0\ntrain(w, 20, 1/100)\n")
+    r = run_fdsl("run", path)
+    assert r.returncode == 0, r.stderr
+    first, last = (float(x) for x in r.stdout.splitlines()[-1].split()[1:4:2])
+    assert r.stdout.splitlines()[-1].startswith("loss ") and last < first
+
+
+def test_training_stops_when_the_loss_diverges(run_fdsl, tmp_path):
+    path = write(tmp_path, HEAD + "L = 1/2 trace(E^t E)\nw = -d(L)\nrandom 0\ntrain(w, 40, 9/10)\n")
+    r = run_fdsl("run", path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "training stopped at step" in r.stderr and "diverges" in r.stderr and "lower the learning rate" in r.stderr
+
+
+# ---- 2. gradients say their sign ------------------------------------------------------------------------
+
+
+def test_grad_says_its_sign_in_the_line_and_the_file(run_fdsl, tmp_path):
+    path = write(tmp_path, HEAD + "w = form(E)\n")
+    out, torch_out = tmp_path / "g.npz", tmp_path / "t.npz"
+    r = run_fdsl("grad", path, "--form", "w", "--random", "0", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "each -dL/dW, the descent direction" in r.stdout
+    r = run_fdsl("grad", path, "--form", "w", "--random", "0", "--out", torch_out, "--dl-dw")
+    assert r.returncode == 0, r.stderr
+    assert "each +dL/dW" in r.stdout
+    g, t = np.load(out), np.load(torch_out)
+    assert str(g["_sign"]).startswith("-dL/dW") and str(t["_sign"]).startswith("+dL/dW")
+    assert np.array_equal(g["W"], -t["W"])
+    # +dL/dW is the gradient of L = 1/2 ||Y - X W||^2: X^t (X W - Y)
+    program = fdsl.load(path)
+    fdsl.backends.values.random_values(program, 0)
+    X, Y, W = (np.asarray(program.values[k]) for k in "XYW")
+    assert np.allclose(t["W"], X.T @ (X @ W - Y), rtol=1e-12, atol=1e-12)
+
+
+def test_grad_in_a_program_says_its_sign():
+    program = fdsl.parse(HEAD + "w = form(E)\nrandom 0\nshow grad(w)\n")
+    out = io.StringIO()
+    program.run(out)
+    assert out.getvalue().startswith("gradients: -dL/dW, the descent direction")
+
+
+# ---- 3. 1 / 2 trace(E) ------------------------------------------------------------------------------------
+
+
+def test_one_over_two_trace_is_refused_with_both_spellings(run_fdsl, tmp_path):
+    path = write(tmp_path, HEAD + "L = 1 / 2 trace(E^t E)\n")
+    r = run_fdsl("run", path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "p.fd:5:5: 1 / 2 trace(E^t E) is ambiguous" in r.stderr
+    assert "(1 / 2) trace(E^t E)" in r.stderr and "1 / (2 trace(E^t E))" in r.stderr
+
+
+def test_the_spellings_of_half_agree_and_a_product_divides_as_before():
+    program = fdsl.parse(HEAD + "random 0\nA = eval(1/2 trace(E^t E))\nB = eval((1 / 2) trace(E^t E))\n"
+                         "C = eval(trace(E^t E) / 2)\nD = eval(1 / (2 trace(E^t E)))\n")
+    a, b, c, d = (np.asarray(program.definitions[k]).item() for k in "ABCD")
+    assert a == b == c and abs(d - 1 / (4 * a)) < 1e-12 * abs(d)
+    # X U / Z V, with no number leading the divisor, stays (X U) / (Z V); the printer parenthesises
+    # a divisor led by a number so that what it prints reads back
+    program = fdsl.parse("dim n\nconst A, B : n x n\nP = A B / A B\nQ = A / (2 B)\n")
+    assert str(program.definitions["P"]) == "A B / A B"
+    assert str(program.definitions["Q"]) == "A / (2 B)"
+    assert program.expr(str(program.definitions["Q"])) is program.definitions["Q"]
+
+
+# ---- 4. a form with no weight -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [
+    ["grad", "--random", "0", "--out", "g.npz"],
+    ["train", "--random", "0", "--steps", "3", "--lr", "0.1"],
+    ["flow", "--random", "0", "--out", "v.npz"],
+    ["codegen", "-o", "g.py"],
+])
+def test_a_form_with_no_weight_is_an_error(run_fdsl, tmp_path, command):
+    path = write(tmp_path, HEAD.replace("weight W", "const W") + "w = form(E)\n")
+    r = run_fdsl(command[0], path, "--form", "w", *command[1:], cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "w has no gradient" in r.stderr and "X, Y, W are declared const" in r.stderr
+    assert "declare what is learned with weight" in r.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name != "p.fd"]  # nothing written
+
+
+# ---- 5. a definition given twice ---------------------------------------------------------------------------
+
+
+def test_a_definition_given_twice_names_both_places(run_fdsl, tmp_path):
+    path = write(tmp_path, HEAD + "L = trace(E^t E)\nw = form(E)\nL = 1/2 trace(E^t E)\n")
+    r = run_fdsl("run", path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "p.fd:7:1: L is defined twice: here and at %s:5" % path in r.stderr
+
+
+def test_a_clause_that_repeats_an_earlier_one_is_an_error():
+    with pytest.raises(FdslError, match="same parameters as the one at <string>:6"):
+        fdsl.parse(HEAD + "f(0) = X\nf(i) = X W\nf(j) = X\n")
+    fdsl.parse(HEAD + "f(0) = X\nf(i) = f(i-1) W\nshow f(2)\n")  # a base case and a general case
+
+
+def test_the_repl_may_redefine_and_says_so():
+    from fdsl.repl.session import Session
+
+    out = io.StringIO()
+    session = Session(out=out, err=io.StringIO(), pager="off")
+    for line in ["dim n", "const A : n x n", "E = A", "E = A A", "E"]:
+        session.run(line)
+    assert "E redefined (it was defined at <repl>:1)" in out.getvalue()
+    assert out.getvalue().rstrip().endswith("A A")
+
+
+# ---- 6. data drawn at random, targets of a cross-entropy ------------------------------------------------
+
+
+CROSS_ENTROPY = """dim n = 6, v = 5, d = 4
+const X : n x d, Y : n x v
+weight U : d x v
+L = -trace(Y^t logsoftmax(X U))
+w = -d(L)
+"""
+
+
+def test_a_cross_entropy_against_random_targets_is_refused(run_fdsl, tmp_path):
+    path = write(tmp_path, CROSS_ENTROPY)
+    r = run_fdsl("train", path, "--form", "w", "--random", "0", "--steps", "5", "--lr", "0.1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "the targets Y of the cross-entropy are not rows of a probability distribution" in r.stderr
+    assert r.stderr.count("drawn at random") == 1  # said once, naming the data
+    assert "the data Y, X of the loss are drawn at random" in r.stderr
+
+
+def test_a_cross_entropy_against_one_hot_targets_trains(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "y.npz", Y=np.eye(5)[rng.integers(0, 5, 6)], X=rng.standard_normal((6, 4)))
+    program = fdsl.load(write(tmp_path, CROSS_ENTROPY + 'values "y.npz"\nrandom 0\ntrain(w, 30, 1/10)\n'))
+    out = io.StringIO()
+    program.run(out)
+    first, last = (float(x) for x in out.getvalue().splitlines()[-1].split()[1:4:2])
+    assert 0 < last < first
+
+
+# ---- 9. messages that say what to write --------------------------------------------------------------------
+
+
+def _error(source: str) -> str:
+    with pytest.raises(FdslError) as e:
+        fdsl.parse(source)
+    return e.value.message
+
+
+def test_a_row_added_to_a_matrix_says_to_write_c_b():
+    message = _error("dim n = 3, d = 2\nconst X : n x d\nweight W : d x d, b : 1 x d\nF = X W + b\n")
+    assert "shapes differ" in message and "write C b, with const C : n x 1 = ones" in message
+
+
+def test_an_index_of_a_symbol_that_is_not_a_family():
+    for index in ("1", "0"):  # W[0] was silently W
+        message = _error("dim d = 2\nweight W : d x d\nF = W[%s] W\n" % index)
+        assert "W is not a family" in message and "declare weight W[i] : d x d" in message
+
+
+def test_a_double_slash_comment_says_comments_start_with_hash(run_fdsl):
+    r = run_fdsl("run", "-e", "dim n = 3 // sizes")
+    assert r.returncode == 2 and "a comment starts with #, not //" in r.stderr
+
+
+def test_a_misspelt_command_gets_did_you_mean(run_fdsl):
+    r = run_fdsl("rnu", "x.fd")
+    assert r.returncode == 2 and "did you mean 'run'?" in r.stderr
+
+
+def test_coeff_of_a_family_member_the_form_does_not_have(run_fdsl, examples):
+    r = run_fdsl("run", examples / "encoder2.fd", "-e", "coeff(N, K[7])")
+    assert r.returncode == 2 and "K_7 does not occur in the form (the members of K there: K_0, K_1)" in r.stderr
+    r = run_fdsl("run", examples / "encoder2.fd", "-e", "coeff(N, K[1])")
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] != "0"
+
+
+# ---- 12. the repl -------------------------------------------------------------------------------------------
+
+
+def test_time_leaves_out_the_pager(monkeypatch):
+    import time
+
+    from fdsl.repl import session as S
+
+    out = io.StringIO()
+    session = S.Session(out=out, err=io.StringIO(), pager="on")
+    monkeypatch.setattr(S, "_isatty", lambda stream: True)
+    monkeypatch.setattr(S, "_pager_command", lambda forced: "less")
+    monkeypatch.setattr(S, "_page", lambda cmd, text: time.sleep(1.0) or True)  # a reader takes a second
+    session.run("dim n; const A : n x n")
+    session.run(":time show " + ", ".join(["A"] * 400))
+    seconds = float(out.getvalue().rsplit("time: ", 1)[1].split(" s")[0])
+    assert seconds < 0.5
+
+
+def test_help_fits_80_columns():
+    from fdsl.repl.session import Session
+
+    out = io.StringIO()
+    Session(out=out, err=io.StringIO(), pager="off").run(":help")
+    lines = out.getvalue().splitlines()
+    assert len(lines) > 50 and max(len(line) for line in lines) <= 80
+
+
+def test_name_query_of_a_normal_form_is_laid_out_as_show():
+    from fdsl.repl.session import Session
+
+    out = io.StringIO()
+    session = Session(out=out, err=io.StringIO(), pager="off")
+    for line in ["dim n", "const A, B : n x n", "weight W, V : n x n", "N = normal(form(A - W A - V B W))"]:
+        session.run(line)
+    session.run("show N")
+    shown = out.getvalue().splitlines()
+    out.truncate(0), out.seek(0)
+    session.run("N?")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "N =" and lines[1:1 + len(shown)] == ["    " + line for line in shown]
+
+
+# ---- 10. rules --check of an operator with a domain -----------------------------------------------------------
+
+
+LOG_RULES = """operator lg(A) numpy log doc "elementwise log"
+operator lgd(A, B) linear B = B / A
+
+ruleset differentiate
+rule d-lg:        d(lg(?A))                   => lgd(?A, d(?A))
+
+ruleset linear
+rule lgd-sum:     lgd(?X, ?A + ?B...)         => lgd(?X, ?A) + lgd(?X, ?B...)
+"""
+
+
+@pytest.mark.parametrize("declaration", [
+    "operator lg(A) numpy log",  # the numpy table knows log's domain
+    "operator lg(A) domain A positive = log(A) * A / A",  # declared
+    "operator lg(A) = log(A) * A / A",  # neither: values are drawn until some fit
+])
+def test_rules_check_draws_values_in_an_operators_domain(run_fdsl, tmp_path, declaration):
+    path = write(tmp_path, LOG_RULES.replace('operator lg(A) numpy log doc "elementwise log"', declaration),
+                 "lg.rules")
+    r = run_fdsl("rules", "--check", path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 sound, 0 UNSOUND, 0 skipped" in r.stdout
+
+
+def test_a_domain_names_an_argument(run_fdsl, tmp_path):
+    path = write(tmp_path, "operator lg(A) domain B positive = log(A)\n", "bad.rules")
+    r = run_fdsl("rules", "--check", path)
+    assert r.returncode == 2 and "operator lg has no argument B to have a domain" in r.stderr
+
+
+# ---- 8. powers of weight-dependent scalars -------------------------------------------------------------------
+
+
+POWERS = """dim n = 3, d = 2
+const X : n x d, Y : n x d
+weight g : scalar, W : d x d
+"""
+
+
+def _finite_differences(program, loss: str, names, h=1e-6):
+    """Central differences of eval(loss) in every entry of the weights ``names``."""
+    values = program.values
+    out = {}
+    for name in names:
+        base = np.array(values[name], dtype=np.float64)
+        grad = np.zeros_like(base)
+        for i in np.ndindex(base.shape):
+            vals = []
+            for step in (h, -h):
+                x = base.copy()
+                x[i] += step
+                values[name] = x
+                vals.append(np.asarray(program.expr("eval(%s)" % loss)).item())
+            grad[i] = (vals[0] - vals[1]) / (2 * h)
+        values[name] = base
+        out[name] = grad
+    return out
+
+
+@pytest.mark.parametrize("loss", [
+    "1/2 trace(E^t E)",                   # with E := Y - g^2 X W: g^2 of a scalar weight
+    "trace(W^t W)^(1/2)",                 # the Frobenius norm of a weight
+    "g^3 trace(W) + trace(W^t W)^(-1)",
+])
+def test_powers_of_scalars_differentiate(loss):
+    program = fdsl.parse(POWERS + "E := Y - g^2 X W\nL = %s\nw = -d(L)\nrandom 0\n" % loss)
+    program.values["g"] = np.array(0.7)  # a positive base: g^(1/2) and the like are real
+    grads = fdsl.backends.numpy_grad.gradients(program, program.definitions["w"])
+    fd = _finite_differences(program, "L", grads)
+    for name, g in grads.items():
+        assert np.allclose(g, -fd[name], rtol=1e-7, atol=1e-9), (name, g, fd[name])  # -dL/dW
+
+
+def test_d_power_is_a_rule_that_checks_sound(run_fdsl):
+    r = run_fdsl("rules", "--check", "stdlib/d.rules")
+    assert r.returncode == 0
+    assert re.search(r"^sound +d-power ", r.stdout, re.M)
+
+
+# ---- 7. equal summands merged in the shared normal form ------------------------------------------------------
+
+
+def test_equal_summands_of_an_adjoint_are_merged():
+    program = fdsl.parse(POWERS.replace("const X : n x d, Y : n x d", "const X, Y : n x n")
+                         .replace("W : d x d", "W : n x n")
+                         + "E := Y - g X W\nw = -d(1/2 trace(E^t E))\nN = normal(w)\nrandom 0\n")
+    text = fdsl.core.functions.render(program.definitions["N"])
+    # was: G_E := -(1/2) E^t - (1/2) E^t, and trace(g E^t X W) + trace(g E^t X W) for a scalar weight
+    assert "(1/2)" not in text and "G_E" not in text
+    assert text.splitlines()[:2] == ["dW: g E^t X", "dg: trace(E^t X W)"]
+    merged = fdsl.backends.numpy_grad.gradients(program, program.definitions["N"])
+    expanded = fdsl.backends.numpy_grad.gradients(program, program.apply_rules("expanded", program.definitions["w"]))
+    for name in merged:
+        assert np.allclose(merged[name], expanded[name], rtol=1e-12, atol=1e-14)
