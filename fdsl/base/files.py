@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,14 @@ class Print:
 
     def perform(self, out, program):
         perform_all([self], out, program)
+
+
+@dataclass
+class Note:
+    """A remark on standard error, said once the program's work is done (so a later error stays
+    the first line), e.g. that training ran on data drawn at random."""
+
+    text: str
 
 
 @dataclass
@@ -66,9 +75,14 @@ def perform_all(effects, out, program) -> None:
     for s in staged:
         s.commit()
     for effect in effects:
+        if isinstance(effect, Note):
+            continue
         text = effect.text if isinstance(effect, Print) else effect.note
         if text and out is not None:
             out.write(printable(text) + "\n")  # a string the program shows cannot drive the terminal
+    for effect in effects:
+        if isinstance(effect, Note):
+            sys.stderr.write(printable(effect.text) + "\n")
 
 
 def _cannot(path, why) -> FdslError:

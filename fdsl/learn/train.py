@@ -28,7 +28,7 @@ import numpy as np
 
 from ..backends.values import SAVERS
 from ..base.errors import FdslError
-from ..base.files import Write, target_of
+from ..base.files import Note, Write, target_of
 from ..calculus.gradients import error_of
 from ..core import terms as T
 from ..core.functions import as_int, describe, function
@@ -234,7 +234,10 @@ class Trainer:
             for name, v in flows.items():
                 self.values[name] = self.values[name] + lr * v
         if self.drawn:
-            self.program.trace_out.write("note: %s\n" % self.drawn)
+            if self.program.options.get("train") is False:  # fdsl train: its own run, said now
+                self.program.trace_out.write("note: %s\n" % self.drawn)
+            else:  # a train(...) of a program: said after the program's work, not before its errors
+                self.program.effects.append(Note("note: %s" % self.drawn))
         return curve
 
     def _first_non_finite(self):
