@@ -88,6 +88,28 @@ class _Stmt(NamedTuple):
     uses: tuple  # the variables read, for deleting them after their last use
 
 
+def unlet(order: list) -> dict:
+    """Node -> the same node with every ``let`` replaced by its body, for ``order`` (children
+    first, as ``nodes`` gives them). Rebuilt as they are (``T.renamed``: no law of the
+    constructors applies again), so a subterm that appears both named and inline becomes one."""
+    plain: dict = {}
+    for n in order:
+        if n.op == "let":
+            plain[n] = plain[n.args[0]]
+        elif n.op == "add" and any(a.op == "let" and plain[a].op == "add" for a in n.args):
+            # a residual stream: the run net_{L-1} of a flat sum was named; spliced back, the sum
+            # is the flat one the forward computes (X E + P + heads, not (X E + P) + heads)
+            args: list = []
+            for a in n.args:
+                args.extend(plain[a].args if a.op == "let" and plain[a].op == "add" else (plain[a],))
+            plain[n] = T.renamed(n, tuple(args))
+        elif n.args:
+            plain[n] = T.renamed(n, tuple(plain[a] for a in n.args))
+        else:
+            plain[n] = n
+    return plain
+
+
 def canon(t: Term) -> tuple:
     """(base, transposed): ``t`` is the base, or its transpose, with let names looked through."""
     flip = False
@@ -120,7 +142,8 @@ class Lowering:
             raise FdslError("unknown dtype %r: the dtypes are %s" % (dtype, ", ".join(DTYPES)))
         self.target, self.dtype = TARGETS[target], dtype
         self.outputs = dict(outputs)
-        self.loss = loss  # E: the module also returns 1/2 ||E||^2 (the loss of form(E))
+        # the loss the module also returns: E for 1/2 ||E||^2 (w = form(E)), or a scalar L (w = -d(L))
+        self.loss = loss
         self.sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
         self.module_consts: list = []  # (var, code): built once, at import
         self.inputs: list = []  # statements reading values[...]
@@ -140,13 +163,21 @@ class Lowering:
         self.runtime_dims: dict = {}  # dim name -> variable
         self.let_names: dict = {}  # base -> the name of a let bound to it (X_1, G_7): its variable
         self._comments: dict = {}  # variable -> the binding it computes, for the reader
-        self.nodes = nodes(list(self.outputs.values()) + ([loss] if loss is not None else []))
-        for n in self.nodes:
+        # subterms equal up to let names are one computation: the body of ``gpt_2 := ...`` in the
+        # normal form and its copy inline in the loss (or in a natural spelling, where the names
+        # were found) are one base. Lets are stripped from every term first, their names kept.
+        named = nodes(list(self.outputs.values()) + ([loss] if loss is not None else []))
+        plain = unlet(named)
+        for n in named:
             if n.op == "let":
-                base, flip = canon(n.args[0])
+                base, flip = canon(plain[n])
                 if not flip and base not in self.let_names:
                     name, index = n.data
                     self.let_names[base] = name + "".join("_%d" % i for i in index)
+        self.outputs = {k: plain[t] for k, t in self.outputs.items()}
+        if loss is not None:
+            self.loss = plain[loss]
+        self.nodes = nodes(list(self.outputs.values()) + ([self.loss] if loss is not None else []))
         self._order()
 
     # -- names
@@ -834,7 +865,11 @@ class Lowering:
         loss = None
         if self.loss is not None:
             ref = self.ref(self.loss)
-            loss = ("_half_sq(%s, _nb)" % ref.expr(), (ref.var,))
+            if self.loss.scalar:  # w = -d(L): L itself, summed over a batch
+                loss = ("_loss_total(%s, _nb%s)" % (ref.var, ", _dt, _dev" if self.target.device else ""),
+                        (ref.var,) if ref.var.isidentifier() else ())
+            else:  # w = form(E): 1/2 ||E||^2
+                loss = ("_half_sq(%s, _nb)" % ref.expr(), (ref.var,))
         for base, name in self.let_names.items():
             ref = self.refs.get(base)
             if ref is not None and not ref.scalar:
@@ -873,7 +908,8 @@ class Lowering:
                 for line in self.function_body(results, loss, "grads_and_loss" if loss is not None else "grads")]
         if loss is not None:
             out.append("def grads_and_loss(values: dict):")
-            out.append('    """(every gradient G_W^t by printed weight name, the loss 1/2 ||E||^2), from one sweep."""')
+            out.append('    """(every gradient G_W^t by printed weight name, the loss %s), from one sweep."""'
+                       % ("L" if self.loss.scalar else "1/2 ||E||^2"))
             out.extend(body)
             out += ["", ""]
             body = ["    return grads_and_loss(values)[0]"]

@@ -262,4 +262,12 @@ def _half_sq(E, nb):
     """1/2 ||E||^2, summed over the batch."""
     s = 0.5 * float(np.vdot(E, E))
     return s * nb if nb and E.ndim == 2 else s
+
+
+def _loss_total(L, nb):
+    """A scalar loss L summed over the batch: per example it is a (batch, 1, 1) array; a loss that
+    no example changes counts once per example."""
+    if isinstance(L, np.ndarray) and L.ndim == 3:
+        return float(L.sum())
+    return float(np.asarray(L).reshape(())) * (nb or 1)
 '''

@@ -114,6 +114,14 @@ def _half_sq(E, nb):
     return s * nb if nb and E.dim() == 2 else s
 
 
+def _loss_total(L, nb, dtype, device):
+    """A scalar loss L summed over the batch, as a 0-d tensor: per example it is a (batch, 1, 1)
+    tensor; a loss that no example changes counts once per example."""
+    if torch.is_tensor(L):
+        return L.sum() if L.dim() == 3 else L.reshape(()) * (nb or 1)
+    return torch.tensor(float(L) * (nb or 1), dtype=dtype, device=device)
+
+
 def _is_scalar(x):
     return not torch.is_tensor(x) or x.dim() == 0 or tuple(x.shape[-2:]) == (1, 1) and x.dim() == 2
 
