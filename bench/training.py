@@ -219,7 +219,7 @@ def agreement(module, ids, dtype, steps, batch, lr=1e-3):
             loss = m(x, y)
             loss.backward()
             opt.step()
-                losses[k].append(float(loss.detach()))
+            losses[k].append(float(loss.detach()))
     a, b = np.array(losses[0]), np.array(losses[1])
     return a, b, float(np.max(np.abs(a - b) / np.abs(b)))
 

@@ -88,6 +88,39 @@ class _Stmt(NamedTuple):
     uses: tuple  # the variables read, for deleting them after their last use
 
 
+_OPERAND = r"(\([^()]*\)|[\w.]+)"  # a variable (a view of one), or a scaled one in brackets
+_PRODUCT = re.compile(r"(\w+) = %s @ %s\Z" % (_OPERAND, _OPERAND))
+_TOTAL = re.compile(r"(\w+) = _matmul_total\(%s, %s, _nb\)\Z" % (_OPERAND, _OPERAND))
+
+
+def _targets(st) -> tuple:
+    """The variables a statement assigns: its target, or every one of a group's (``a, b = ...``)."""
+    head = st.code.split(" = ", 1)[0]
+    if ", " in head and re.fullmatch(r"\w+(, \w+)+", head):
+        return tuple(head.split(", "))
+    return (st.target,)
+
+
+def _product_parts(code: str):
+    """(target, "mm" or "total", left, right) of a statement that is one matrix product (summed
+    over the batch: "total"), else None."""
+    m = _PRODUCT.match(code)
+    if m is not None:
+        return m.group(1), "mm", m.group(2), m.group(3)
+    m = _TOTAL.match(code)
+    if m is not None:
+        return m.group(1), "total", m.group(2), m.group(3)
+    return None
+
+
+def _transposed(expr: str) -> str:
+    """The code of the transpose of the matrix ``expr`` (a variable, its ``.mT`` view, or a
+    bracketed expression)."""
+    if expr.endswith(".mT") and expr[:-3].isidentifier():
+        return expr[:-3]
+    return expr + ".mT" if expr.isidentifier() or expr.startswith("(") and expr.endswith(")") else "(%s).mT" % expr
+
+
 def unlet(order: list) -> dict:
     """Node -> the same node with every ``let`` replaced by its body, for ``order`` (children
     first, as ``nodes`` gives them). Rebuilt as they are (``T.renamed``: no law of the
@@ -430,9 +463,92 @@ class Lowering:
                 code = "_copy(%s)" % ref.expr()
                 results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
             else:
-                results[name] = ((ref.expr(), "_total(%s, _nb)" % ref.expr()), (ref.var,))
+                summed = self._summed_product(ref.var)
+                results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
+        self._group_products()
         return results
+
+    # -- products that share an operand, as one product
+
+    def _group_products(self):
+        """Products that share an operand done as one: ``Z Q_0, Z Q_1, ..., Z V_3`` as
+        ``Z [Q_0 ... V_3]`` (``_grouped``: the other operands side by side, the result split back
+        into views), ``A_1 G, A_2 G`` as ``[A_1; A_2] G`` (``_grouped_rows``), and the same for the
+        products summed over a batch (``_matmul_total``: a weight's gradient). The statement of the
+        group stands where every operand is ready and before any result is read; a group that
+        cannot be placed so, because an operand is updated in place in between, is left apart.
+        Largest groups first, one at a time."""
+        while True:
+            body = self.body
+            found: dict = {}
+            for i, st in enumerate(body):
+                got = _product_parts(st.code)
+                if got is not None and got[0] == st.target:
+                    var, kind, lhs, rhs = got
+                    found.setdefault((kind, "cols", lhs), []).append(i)
+                    found.setdefault((kind, "rows", rhs), []).append(i)
+            done = False
+            for (kind, side, shared), members in sorted(found.items(), key=lambda kv: -len(kv[1])):
+                if len(members) < 2:
+                    break
+                if self._place_group(kind, side, shared, members):
+                    done = True
+                    break
+            if not done:
+                return
+
+    def _place_group(self, kind, side, shared, members) -> bool:
+        body = self.body
+        writes: dict = {}  # variable -> the statements that assign it
+        reads: dict = {}  # variable -> the statements that read it
+        for i, st in enumerate(body):
+            for target in _targets(st):
+                writes.setdefault(target, []).append(i)
+            for u in st.uses:
+                reads.setdefault(u, []).append(i)
+        uses = {i: [u for u in body[i].uses if u not in _targets(body[i])] for i in members}
+        ready = max((w for i in members for u in uses[i] for w in writes.get(u, ()) if w < i), default=-1) + 1
+        for i in members:
+            var = body[i].target
+            if len(writes[var]) != 1:
+                return False
+            first_read = min((r for r in reads.get(var, ()) if r > i), default=len(body))
+            if first_read < ready:
+                return False
+            lo, hi = min(i, ready), max(i, ready)
+            if any(lo <= w < hi and w != i for u in uses[i] for w in writes.get(u, ())):
+                return False  # an operand is updated in place between the two places
+        parts = [_product_parts(body[i].code) for i in members]
+        others = [p[3] if side == "cols" else p[2] for p in parts]
+        targets = [p[0] for p in parts]
+        helper = {("mm", "cols"): "_grouped", ("mm", "rows"): "_grouped_rows",
+                  ("total", "cols"): "_grouped_total", ("total", "rows"): "_grouped_total_rows"}[kind, side]
+        listed = "(%s,)" % ", ".join(others)
+        args = (shared, listed) if side == "cols" else (listed, shared)
+        code = "%s = %s(%s, %s%s)" % (", ".join(targets), helper, args[0], args[1], ", _nb" if kind == "total" else "")
+        group = _Stmt(targets[0], code, tuple(dict.fromkeys(u for i in members for u in uses[i])))
+        keep = [st for i, st in enumerate(body) if i not in set(members)]
+        at = ready - sum(1 for i in members if i < ready)
+        self.body = keep[:at] + [group] + keep[at:]
+        return True
+
+    def _summed_product(self, var: str) -> bool:
+        """Sum a gradient over the batch inside its last product: ``G = A @ B``, read by nothing but
+        the return, becomes ``_matmul_total(A, B, _nb)``, which for a batch is the one product
+        ``[A_1 ... A_b] [B_1; ...; B_b]`` (the examples side by side along the inner axis, as
+        autograd's weight gradients are) instead of b products and a sum. False: left as it is."""
+        if not self.batched:
+            return False
+        defining = [i for i, st in enumerate(self.body) if st.target == var]
+        if len(defining) != 1 or any(var in st.uses for st in self.body if st.target != var):
+            return False
+        i = defining[0]
+        parts = _product_parts(self.body[i].code)
+        if parts is None or parts[1] != "mm":
+            return False
+        self.body[i] = self.body[i]._replace(code="%s = _matmul_total(%s, %s, _nb)" % (var, parts[2], parts[3]))
+        return True
 
     def ref(self, t: Term) -> _Ref:
         b, f = canon(t)
@@ -610,6 +726,9 @@ class Lowering:
             lhs = "(%s * %s)" % (scale_code, lhs)
         elif where == "right":
             rhs = "(%s * %s)" % (scale_code, rhs)
+        if where != "out" and self._folds(word[:s + 1], word[s + 1:]):  # as in _interval
+            return self._new(b, lambda v: "%s = %s @ %s" % (v, _transposed(rhs), _transposed(lhs)), uses,
+                             flip=not flip)
         if where != "out":
             return self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
                                                                        left, right)), uses, flip=flip)
@@ -675,10 +794,23 @@ class Lowering:
         self.flops += (self._guess(self._oriented_shape(word[i])[0]) * self._guess(self._oriented_shape(word[s])[1])
                        * self._guess(self._oriented_shape(word[j])[1]))
         var = self._fresh(hint)
+        if self._folds(word[i:s + 1], word[s + 1:j + 1]):  # (B^t A^t)^t: the batch on the left
+            self._emit_stmt(var, "%s = %s @ %s" % (var, right.t().expr(), left.t().expr()), [left.var, right.var])
+            self.avail[key] = (var, not rel)
+            return _Ref(var, True)
         code = self._matmul(left.expr(), right.expr(), word[i:s + 1], word[s + 1:j + 1], left, right)
         self._emit_stmt(var, "%s = %s" % (var, code), [left.var, right.var])
         self.avail[key] = (var, rel)
         return _Ref(var)
+
+    def _folds(self, lword, rword) -> bool:
+        """Whether to compute the product ``lword rword`` as the transpose of ``rword^t lword^t``:
+        when only its right side varies per example and the target folds a batch on the left of a
+        product into one matrix product (torch: ``(b, n, d) @ (d, k)`` is one ``mm``, while
+        ``(d, n) @ (b, n, k)`` broadcasts the left side and makes b of them)."""
+        if not self.target.folds_batches or self._ones_side(lword, rword) is not None:
+            return False
+        return (not any(b in self.batched for b, _ in lword)) and any(b in self.batched for b, _ in rword)
 
     def _ones_side(self, lword, rword) -> Optional[str]:
         """Which side of the product ``lword rword`` is a single vector of ones (a column on the
