@@ -35,35 +35,37 @@ _TORCH_TRAINING = '''# ---- training with torch --------------------------------
 WEIGHTS = %(weights)r  # the weights, in the order of their gradients
 SHAPES = %(shapes)r  # None: a dim read off the values
 DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one
+TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and the scalar weights
 
 
 class FdslLoss(torch.autograd.Function):
     """The loss L (%(loss)s) whose backward is fdsl's closed-form gradient: the forward is the generated
     sweep (it computes the gradients with the loss, without recording a graph) and the backward
-    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient. Inputs that are not weights
-    (the data) get no gradient."""
+    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient, shaped like W (a scalar
+    weight too). Inputs that are not weights (the data) get no gradient."""
 
     @staticmethod
     def forward(ctx, scalars, *tensors):
         values = dict(scalars)
-        values.update(zip(INPUTS, tensors))
+        values.update(zip(TRAINED, tensors))
         g, value = grads_and_loss(values)
-        ctx.grads = g
+        ctx.grads, ctx.shapes = g, [t.shape if torch.is_tensor(t) else None for t in tensors]
         return value
 
     @staticmethod
     def backward(ctx, grad_loss):
-        g = ctx.grads
-        del ctx.grads
-        return (None,) + tuple(-grad_loss * g[name] if name in g else None for name in INPUTS)
+        g, shapes = ctx.grads, ctx.shapes
+        del ctx.grads, ctx.shapes
+        return (None,) + tuple((-grad_loss * g[name]).reshape(shape) if name in g and shape is not None else None
+                               for name, shape in zip(TRAINED, shapes))
 
 
 def loss(values: dict):
     """The loss L (%(loss)s) at ``values`` (tensors by printed name; a batch axis on the data sums the
     loss over it), differentiable in the weights through fdsl's closed-form gradient:
     ``loss(values).backward()`` fills the ``.grad`` of the weight tensors that require it."""
-    scalars = {name: v for name, v in values.items() if name not in INPUTS}
-    return FdslLoss.apply(scalars, *(values[name] for name in INPUTS))
+    scalars = {name: v for name, v in values.items() if name not in TRAINED}
+    return FdslLoss.apply(scalars, *(values[name] for name in TRAINED))
 
 
 class Model(torch.nn.Module):

@@ -191,6 +191,7 @@ class Lowering:
         self.avail: dict = {}  # canonical sub-word key -> (var, flip)
         self.masks: dict = {}  # base -> variable holding (value of base > 0) in its storage
         self.softmaxes: dict = {}  # (base, flip) -> _Ref of the row softmax of that argument
+        self.layernorm_stats: dict = {}  # (base, flip) -> the variables of its row mean and 1/sigma
         self.const_memo: dict = {}
         self.flops = 0  # multiply-adds of the matrix products, for reports
         self.runtime_dims: dict = {}  # dim name -> variable
@@ -333,14 +334,20 @@ class Lowering:
             a, fa = canon(b.args[0])
             extra = [self._softmax_nodes[(a, fa)]] if (a, fa) in self._softmax_nodes else []
             return [a, canon(b.args[1])[0]] + extra
+        if op == "dlayernorm" and self.target.fused_layernorm:  # the statistics of the forward's
+            a, fa = canon(b.args[0])
+            extra = [self._layernorm_nodes[(a, fa)]] if (a, fa) in self._layernorm_nodes else []
+            return [a, canon(b.args[1])[0]] + extra
         return [canon(x)[0] for x in b.args if not (x.scalar and self.const_scalar(x) is not None)]
 
     def _order(self):
         """Every base the outputs need, children first (iteratively: terms can be deep)."""
-        self._softmax_nodes = {}
+        self._softmax_nodes, self._layernorm_nodes = {}, {}
         for n in self.nodes:
             if n.op == "a":
                 self._softmax_nodes.setdefault(canon(n.args[0]), n)
+            if n.op == "layernorm":
+                self._layernorm_nodes.setdefault(canon(n.args[0]), n)
         # Roots that need fewer named intermediates beneath them first: for a deep encoder, the
         # weights of the last layer (after the forward sweep), then each layer's as soon as its
         # adjoint G_i is known, so that the values of a layer can be freed once it is done.
@@ -627,7 +634,28 @@ class Lowering:
             ref = self._template(b)
             self.softmaxes.setdefault((a, fa), ref)
             return ref
+        if op in ("layernorm", "dlayernorm") and self.target.fused_layernorm:
+            return self._layernorm(b)
         return self._template(b)
+
+    def _layernorm(self, b: Term) -> _Ref:
+        """layernorm(A) with its row statistics (mean, 1/sigma), kept for the layer-norm backward
+        at the same A, ``dlayernorm(A, B)``, which the target's fused kernel computes from them (a
+        target with ``fused_layernorm``); a dlayernorm whose A has no layernorm goes by template."""
+        a, fa = canon(b.args[0])
+        if b.op == "dlayernorm":
+            stats = self.layernorm_stats.get((a, fa))
+            if stats is None:
+                return self._template(b)
+            x, y = (self._matrix(self.ref(t)) for t in b.args)
+            return self._new(b, lambda v: "%s = _dlayernorm_stats(%s, %s, %s, %s)" % (v, x.expr(), y.expr(), *stats),
+                             [x.var, y.var] + list(stats))
+        x = self._matrix(self.ref(b.args[0]))
+        var = self._fresh(self._hint(b))
+        stats = (self._fresh(var + "_mean"), self._fresh(var + "_rstd"))
+        self._emit_stmt(var, "%s, %s, %s = _layernorm_stats(%s)" % (var, stats[0], stats[1], x.expr()), [x.var])
+        self.layernorm_stats[(a, fa)] = stats
+        return _Ref(var)
 
     def _symbol(self, b: Term) -> _Ref:
         symbol, shape = b.data

@@ -46,6 +46,7 @@ class Target:
     device = ""  # extra arguments of the constants (torch: the device)
     pieces = True  # a large batch is cut into pieces (see the module doc)
     folds_batches = False  # (b, n, d) @ (d, k) is one matrix product (torch), not b of them (numpy)
+    fused_layernorm = False  # layernorm keeps its row statistics for a fused backward (torch)
 
     def dtype_code(self, dtype) -> str:
         return "None" if dtype is None else "np.%s" % dtype
@@ -75,6 +76,7 @@ class TorchTarget(Target):
     device = ", device=_dev"
     pieces = False
     folds_batches = True
+    fused_layernorm = True
 
     def dtype_code(self, dtype) -> str:
         return "None" if dtype is None else "torch.%s" % dtype
