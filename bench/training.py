@@ -110,6 +110,7 @@ def fdsl_module(path: Path = None):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("chargpt_torch", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.compile looks its globals up by the module's name
     spec.loader.exec_module(module)
     return module
 

@@ -296,3 +296,18 @@ def test_the_chargpt_trains_in_step_with_the_model_pytorch_users_write():
     ours, theirs, diff = training.agreement(module, ids, torch.float64, 4, 2)
     assert diff <= 1e-10, (ours, theirs)
     assert ours[-1] < ours[0]
+
+
+def test_a_hadamard_factor_of_equal_rows_is_broadcast():
+    # (X W) * (C g): g times every row, not the n x d matrix C g made by a product first
+    p = fdsl.parse("dim n = 5, d = 3\nconst X : n x d\nconst C : n x 1 = ones\nweight g : 1 x d, W : d x d\n"
+                   "A = (X W) * (C g)\nB = (X W)^t * (C g)^t\n")
+    rng = np.random.default_rng(4)
+    vals = {"X": rng.standard_normal((5, 3)), "W": rng.standard_normal((3, 3)), "g": rng.standard_normal((1, 3))}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims, target).source("test")
+        assert "C @" not in _body(source) and "C.mT" not in _body(source) and "(C," not in _body(source), _body(source)
+        got = codegen.compile_namespace(source)["grads"]({k: torch.tensor(v) for k, v in vals.items()}
+                                                         if target == "torch" else vals)
+        want = (vals["X"] @ vals["W"]) * vals["g"]
+        assert np.allclose(np.asarray(got["A"]), want) and np.allclose(np.asarray(got["B"]), want.T)

@@ -334,6 +334,8 @@ class Lowering:
             a, fa = canon(b.args[0])
             extra = [self._softmax_nodes[(a, fa)]] if (a, fa) in self._softmax_nodes else []
             return [a, canon(b.args[1])[0]] + extra
+        if op == "had":
+            return [canon(x)[0] for x in self._hadamard_args(b)]
         if op == "dlayernorm" and self.target.fused_layernorm:  # the statistics of the forward's
             a, fa = canon(b.args[0])
             extra = [self._layernorm_nodes[(a, fa)]] if (a, fa) in self._layernorm_nodes else []
@@ -704,8 +706,26 @@ class Lowering:
             raise FdslError("the numpy template of operator %s, %r, uses an unknown placeholder %s"
                             % (b.op, spec.numpy, e)) from None
 
+    def _hadamard_args(self, b: Term) -> list:
+        """The factors of a Hadamard product as computed: a factor ``C r`` (C a column of ones, r a
+        row: every row is r) is r, broadcast, and ``c R`` (R a row of ones: every column is the
+        column c) is c, as long as one factor has the full shape."""
+        out, full = [], False
+        for x in b.args:
+            base, flip = canon(x)
+            if base.op == "mul" and len(base.args) == 2 and self._ones(base.args[0]) \
+                    and base.args[0].shape[1] == 1 and not base.args[1].scalar:
+                out.append(T.transpose(base.args[1]) if flip else base.args[1])
+            elif base.op == "mul" and len(base.args) == 2 and self._ones(base.args[1]) \
+                    and base.args[1].shape[0] == 1 and not base.args[0].scalar:  # c 1^t: every column is c
+                out.append(T.transpose(base.args[0]) if flip else base.args[0])
+            else:
+                out.append(x)
+                full = True
+        return out if full else list(b.args)
+
     def _template(self, b: Term) -> _Ref:
-        args = [self._matrix(self.ref(x)) for x in b.args]
+        args = [self._matrix(self.ref(x)) for x in (self._hadamard_args(b) if b.op == "had" else b.args)]
         code = self._template_code(b, args)
         return self._new(b, lambda v: "%s = %s" % (v, code), [a.var for a in args])
 
