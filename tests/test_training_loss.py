@@ -311,3 +311,19 @@ def test_a_hadamard_factor_of_equal_rows_is_broadcast():
                                                          if target == "torch" else vals)
         want = (vals["X"] @ vals["W"]) * vals["g"]
         assert np.allclose(np.asarray(got["A"]), want) and np.allclose(np.asarray(got["B"]), want.T)
+
+
+def test_a_sum_of_products_is_one_product():
+    # X A U + X B V (the heads' adjoints G_0 Q_0^t + G_1 Q_1^t + ... are such sums): [X A, X B] [U; V]
+    p = fdsl.parse("dim n = 5, d = 4, k = 3\nconst X : n x d\nweight A, B : d x k, U, V : k x d\n"
+                   "G = m(X A U + X B V + X)\n")
+    rng = np.random.default_rng(5)
+    vals = {"X": rng.standard_normal((2, 5, 4)), **{k: rng.standard_normal((4, 3)) for k in "AB"},
+            **{k: rng.standard_normal((3, 4)) for k in "UV"}}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"G": p["G"]}, p.dims, target).source("test")
+        assert "_sum_of_products(" in _body(source), _body(source)
+        got = codegen.compile_namespace(source)["grads"]({k: torch.tensor(v) for k, v in vals.items()}
+                                                         if target == "torch" else vals)
+        want = sum(np.maximum(x @ vals["A"] @ vals["U"] + x @ vals["B"] @ vals["V"] + x, 0) for x in vals["X"])
+        assert np.allclose(np.asarray(got["G"]), want)

@@ -31,8 +31,19 @@ a ones vector at an end are row or column sums. Every other operator is lowered 
 template in the operator table (``fdsl.core.ops.OPS[op].numpy``, placeholders as in
 ``numpy_eval._compile``), so an operator declared by a rule file works here too.
 
-The module around these statements (imports, the runtime helpers, the torch training classes)
-is written by ``fdsl.backends.codegen``.
+Subterms equal up to ``let`` names are one base (``fusion.unlet`` strips the names first and keeps
+them for the variables): the body of ``gpt_2 := ...`` and its copy inline in the loss, or in a
+natural spelling whose names were found, are computed once. A Hadamard factor whose rows are all
+one row, ``C r``, is r broadcast. On a target that ``folds_batches`` (torch), a product whose right
+side alone varies per example is computed as the transpose of the reversed product, so the batch
+is on the left, where torch folds it into one matrix product; on one with ``fused_layernorm``,
+``layernorm(A)`` keeps its row statistics and ``dlayernorm(A, B)`` is the library's fused backward
+from them. The statements then go through ``fdsl.backends.fusion``: a weight's gradient summed over
+the batch inside its last product, sums of products and products that share an operand as one
+product.
+
+The function around these statements and the module around it (imports, the runtime helpers) are
+written by ``fdsl.backends.writer``; the torch training classes by ``fdsl.backends.codegen``.
 """
 
 from __future__ import annotations
@@ -48,8 +59,11 @@ from ..core import terms as T
 from ..core.ops import OPS
 from ..core.printers import short
 from ..core.terms import Term, postorder
-from .source import _indent, _natural, docstring_literal
+from .fusion import Stmt as _Stmt
+from .fusion import group_products, group_sums, summed_product, unlet
+from .fusion import transposed as _transposed
 from .targets import DTYPES, TARGETS
+from .writer import ModuleWriter
 
 #: size assumed for a dim without one when choosing the order of products
 _GUESSED_SIZE = 64
@@ -82,67 +96,6 @@ class _Ref(NamedTuple):
         return self if self.scalar else _Ref(self.var, not self.flip, False)
 
 
-class _Stmt(NamedTuple):
-    target: Optional[str]
-    code: str
-    uses: tuple  # the variables read, for deleting them after their last use
-
-
-_OPERAND = r"(\([^()]*\)|[\w.]+)"  # a variable (a view of one), or a scaled one in brackets
-_PRODUCT = re.compile(r"(\w+) = %s @ %s\Z" % (_OPERAND, _OPERAND))
-_TOTAL = re.compile(r"(\w+) = _matmul_total\(%s, %s, _nb\)\Z" % (_OPERAND, _OPERAND))
-
-
-def _targets(st) -> tuple:
-    """The variables a statement assigns: its target, or every one of a group's (``a, b = ...``)."""
-    head = st.code.split(" = ", 1)[0]
-    if ", " in head and re.fullmatch(r"\w+(, \w+)+", head):
-        return tuple(head.split(", "))
-    return (st.target,)
-
-
-def _product_parts(code: str):
-    """(target, "mm" or "total", left, right) of a statement that is one matrix product (summed
-    over the batch: "total"), else None."""
-    m = _PRODUCT.match(code)
-    if m is not None:
-        return m.group(1), "mm", m.group(2), m.group(3)
-    m = _TOTAL.match(code)
-    if m is not None:
-        return m.group(1), "total", m.group(2), m.group(3)
-    return None
-
-
-def _transposed(expr: str) -> str:
-    """The code of the transpose of the matrix ``expr`` (a variable, its ``.mT`` view, or a
-    bracketed expression)."""
-    if expr.endswith(".mT") and expr[:-3].isidentifier():
-        return expr[:-3]
-    return expr + ".mT" if expr.isidentifier() or expr.startswith("(") and expr.endswith(")") else "(%s).mT" % expr
-
-
-def unlet(order: list) -> dict:
-    """Node -> the same node with every ``let`` replaced by its body, for ``order`` (children
-    first, as ``nodes`` gives them). Rebuilt as they are (``T.renamed``: no law of the
-    constructors applies again), so a subterm that appears both named and inline becomes one."""
-    plain: dict = {}
-    for n in order:
-        if n.op == "let":
-            plain[n] = plain[n.args[0]]
-        elif n.op == "add" and any(a.op == "let" and plain[a].op == "add" for a in n.args):
-            # a residual stream: the run net_{L-1} of a flat sum was named; spliced back, the sum
-            # is the flat one the forward computes (X E + P + heads, not (X E + P) + heads)
-            args: list = []
-            for a in n.args:
-                args.extend(plain[a].args if a.op == "let" and plain[a].op == "add" else (plain[a],))
-            plain[n] = T.renamed(n, tuple(args))
-        elif n.args:
-            plain[n] = T.renamed(n, tuple(plain[a] for a in n.args))
-        else:
-            plain[n] = n
-    return plain
-
-
 def canon(t: Term) -> tuple:
     """(base, transposed): ``t`` is the base, or its transpose, with let names looked through."""
     flip = False
@@ -164,7 +117,7 @@ _RESERVED = {"np", "torch", "math", "values", "INPUTS", "DTYPE", "EXAMPLES", "EX
 # ---- the lowering -------------------------------------------------------------------------------
 
 
-class Lowering:
+class Lowering(ModuleWriter):
     """Lower ``outputs`` (name -> term) to the body of ``grads(values)``; see the module doc."""
 
     def __init__(self, outputs: Mapping, dims: Optional[Mapping] = None, target: str = "numpy",
@@ -472,92 +425,11 @@ class Lowering:
                 code = "_copy(%s)" % ref.expr()
                 results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
             else:
-                summed = self._summed_product(ref.var)
+                summed = bool(self.batched) and summed_product(self.body, ref.var)
                 results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
-        self._group_products()
+        self.body = group_products(group_sums(self.body))
         return results
-
-    # -- products that share an operand, as one product
-
-    def _group_products(self):
-        """Products that share an operand done as one: ``Z Q_0, Z Q_1, ..., Z V_3`` as
-        ``Z [Q_0 ... V_3]`` (``_grouped``: the other operands side by side, the result split back
-        into views), ``A_1 G, A_2 G`` as ``[A_1; A_2] G`` (``_grouped_rows``), and the same for the
-        products summed over a batch (``_matmul_total``: a weight's gradient). The statement of the
-        group stands where every operand is ready and before any result is read; a group that
-        cannot be placed so, because an operand is updated in place in between, is left apart.
-        Largest groups first, one at a time."""
-        while True:
-            body = self.body
-            found: dict = {}
-            for i, st in enumerate(body):
-                got = _product_parts(st.code)
-                if got is not None and got[0] == st.target:
-                    var, kind, lhs, rhs = got
-                    found.setdefault((kind, "cols", lhs), []).append(i)
-                    found.setdefault((kind, "rows", rhs), []).append(i)
-            done = False
-            for (kind, side, shared), members in sorted(found.items(), key=lambda kv: -len(kv[1])):
-                if len(members) < 2:
-                    break
-                if self._place_group(kind, side, shared, members):
-                    done = True
-                    break
-            if not done:
-                return
-
-    def _place_group(self, kind, side, shared, members) -> bool:
-        body = self.body
-        writes: dict = {}  # variable -> the statements that assign it
-        reads: dict = {}  # variable -> the statements that read it
-        for i, st in enumerate(body):
-            for target in _targets(st):
-                writes.setdefault(target, []).append(i)
-            for u in st.uses:
-                reads.setdefault(u, []).append(i)
-        uses = {i: [u for u in body[i].uses if u not in _targets(body[i])] for i in members}
-        ready = max((w for i in members for u in uses[i] for w in writes.get(u, ()) if w < i), default=-1) + 1
-        for i in members:
-            var = body[i].target
-            if len(writes[var]) != 1:
-                return False
-            first_read = min((r for r in reads.get(var, ()) if r > i), default=len(body))
-            if first_read < ready:
-                return False
-            lo, hi = min(i, ready), max(i, ready)
-            if any(lo <= w < hi and w != i for u in uses[i] for w in writes.get(u, ())):
-                return False  # an operand is updated in place between the two places
-        parts = [_product_parts(body[i].code) for i in members]
-        others = [p[3] if side == "cols" else p[2] for p in parts]
-        targets = [p[0] for p in parts]
-        helper = {("mm", "cols"): "_grouped", ("mm", "rows"): "_grouped_rows",
-                  ("total", "cols"): "_grouped_total", ("total", "rows"): "_grouped_total_rows"}[kind, side]
-        listed = "(%s,)" % ", ".join(others)
-        args = (shared, listed) if side == "cols" else (listed, shared)
-        code = "%s = %s(%s, %s%s)" % (", ".join(targets), helper, args[0], args[1], ", _nb" if kind == "total" else "")
-        group = _Stmt(targets[0], code, tuple(dict.fromkeys(u for i in members for u in uses[i])))
-        keep = [st for i, st in enumerate(body) if i not in set(members)]
-        at = ready - sum(1 for i in members if i < ready)
-        self.body = keep[:at] + [group] + keep[at:]
-        return True
-
-    def _summed_product(self, var: str) -> bool:
-        """Sum a gradient over the batch inside its last product: ``G = A @ B``, read by nothing but
-        the return, becomes ``_matmul_total(A, B, _nb)``, which for a batch is the one product
-        ``[A_1 ... A_b] [B_1; ...; B_b]`` (the examples side by side along the inner axis, as
-        autograd's weight gradients are) instead of b products and a sum. False: left as it is."""
-        if not self.batched:
-            return False
-        defining = [i for i, st in enumerate(self.body) if st.target == var]
-        if len(defining) != 1 or any(var in st.uses for st in self.body if st.target != var):
-            return False
-        i = defining[0]
-        parts = _product_parts(self.body[i].code)
-        if parts is None or parts[1] != "mm":
-            return False
-        self.body[i] = self.body[i]._replace(code="%s = _matmul_total(%s, %s, _nb)" % (var, parts[2], parts[3]))
-        return True
 
     def ref(self, t: Term) -> _Ref:
         b, f = canon(t)
@@ -968,136 +840,3 @@ class Lowering:
             self.softmaxes[(a, fa)] = s
         x = self._matrix(self.ref(b.args[1]))
         return self._new(b, lambda v: "%s = _aa_given(%s, %s)" % (v, s.expr(), x.expr()), [s.var, x.var])
-
-    # -- the module
-
-    def _module_vars(self) -> set:
-        return {v for v, _ in self.module_consts}
-
-    def _runtime_const_vars(self) -> set:
-        return {v for v, _ in self.runtime_consts}
-
-    def function_body(self, results, loss=None, name="grads") -> list:
-        """The lines of the sweep's body (the function ``name``): dtype, inputs, dims, constants,
-        the sweep with deletions, return (with ``loss``, the code of 1/2 ||E||^2, the pair
-        (gradients, loss))."""
-        inputs = sorted(self.inputs, key=lambda s: _natural(s.target))
-        dev = ", _dev" if self.target.device else ""
-        lines = ["%s = _dtype(values, INPUTS, DTYPE)" % ("_dt, _dev" if dev else "_dt")]
-        lines += [s.code for s in inputs]
-        examples = [s.target for s in inputs if s.target in self.batch_inputs]
-        lines.append("_nb = _batch(%s)" % ", ".join(examples) if examples else "_nb = 0")
-        if self.target.pieces and examples:
-            # a large batch goes through in pieces of a few examples (see targets: pieces)
-            lines.append("if _nb and _piece(_nb, EXAMPLE_SIZE, _dt):\n"
-                         "    return _in_pieces(%s, values, EXAMPLES, _piece(_nb, EXAMPLE_SIZE, _dt))" % name)
-        lines += [s.code for s in self.dim_stmts]
-        if self.module_consts:
-            targets = [v for v, _ in self.module_consts]
-            lines.append("%s = _constants(_dt%s)" % (", ".join(targets) + ("," if len(targets) == 1 else ""), dev))
-        lines += [code for _, code in self.runtime_consts]
-        keep = set(v for v, _ in self.module_consts) | {s.target for s in self.inputs}
-        keep |= {s.target for s in self.dim_stmts} | self._runtime_const_vars()
-        returned = {u for _, uses in results.values() for u in uses}
-        if loss is not None:
-            returned |= set(loss[1])
-        last = {}
-        for i, s in enumerate(self.body):
-            for u in s.uses:
-                last[u] = i
-        for i, s in enumerate(self.body):
-            comment = self._comments.get(s.target) if s.target and s.code.startswith(s.target + " = ") else None
-            if comment:
-                lines.append("# " + comment)
-            lines.append(s.code)
-            dead = sorted({u for u in s.uses if last.get(u) == i and u not in keep and u not in returned
-                           and u != s.target})
-            if dead:
-                lines.append("del " + ", ".join(dead))
-
-        def returned_value(batched: bool) -> str:
-            items = ["%r: %s" % (name, code[batched]) for name, (code, _) in results.items()]
-            if len(items) < 2:
-                value = "{%s}" % ", ".join(items)
-            else:
-                value = "{\n" + "".join("    %s,\n" % i for i in items) + "}"
-            return "return " + (value if loss is None else "%s, %s" % (value, loss[0]))
-
-        if examples:  # a batch: every gradient summed over it (one test, not one per gradient)
-            lines.append("if _nb:\n" + _indent(returned_value(True)))
-        lines.append(returned_value(False))
-        return lines
-
-    def example_size(self) -> int:
-        """Entries of the largest array that one example's sweep makes (dims without a size
-        guessed), for cutting a batch into pieces."""
-        return max((self._guess(b.shape[0]) * self._guess(b.shape[1]) for b in self.batched if b.shape),
-                   default=1)
-
-    def input_names(self) -> list:
-        """The printed names of the array inputs, in the order the module reads them."""
-        return [self.array_inputs[s.target] for s in sorted(self.inputs, key=lambda s: _natural(s.target))
-                if s.target in self.array_inputs]
-
-    def source(self, docstring: str, extra: str = "") -> str:
-        """The generated module (``extra``: more of it, after the functions)."""
-        results = self.lower()
-        loss = None
-        if self.loss is not None:
-            ref = self.ref(self.loss)
-            if self.loss.scalar:  # w = -d(L): L itself, summed over a batch
-                loss = ("_loss_total(%s, _nb%s)" % (ref.var, ", _dt, _dev" if self.target.device else ""),
-                        (ref.var,) if ref.var.isidentifier() else ())
-            else:  # w = form(E): 1/2 ||E||^2
-                loss = ("_half_sq(%s, _nb)" % ref.expr(), (ref.var,))
-        for base, name in self.let_names.items():
-            ref = self.refs.get(base)
-            if ref is not None and not ref.scalar:
-                self._comments.setdefault(ref.var, "%s := %s" % (name, short(base, 110)))
-        target = self.target
-        out = [docstring_literal(docstring), ""] + list(target.imports) + ["", ""]
-        out.append("# ---- runtime helpers (fdsl.backends.%s_runtime) " % target.name + "-" * (46 - len(target.name)))
-        out.append("")
-        out.append(target.runtime())
-        out.append("")
-        out.append("")
-        out.append("# ---- constants " + "-" * 80)
-        out.append("")
-        out.append("DTYPE = %s  # None: compute in the dtype of the inputs" % target.dtype_code(self.dtype))
-        names = self.input_names()
-        out.append("INPUTS = %r  # the array inputs" % (tuple(names),))
-        if target.pieces and self.batch_inputs:
-            out.append("EXAMPLES = %r  # the inputs that may carry a batch axis"
-                       % (tuple(self.array_inputs[v] for v in sorted(self.batch_inputs, key=_natural)),))
-            out.append("EXAMPLE_SIZE = %d  # entries of the largest array of one example" % self.example_size())
-        if self.module_consts:
-            dev = ", _dev" if target.device else ""
-            out += ["_CONSTANTS: dict = {}", "", "",
-                    "def _constants(_dt%s):" % dev,
-                    '    """The constant arrays, built once per dtype%s."""' % (" and device" if dev else ""),
-                    "    got = _CONSTANTS.get(%s)" % ("(_dt, _dev)" if dev else "_dt"),
-                    "    if got is None:"]
-            out += ["        " + code for _, code in self.module_consts]
-            targets = [v for v, _ in self.module_consts]
-            out.append("        got = _CONSTANTS[%s] = (%s)" % ("(_dt, _dev)" if dev else "_dt",
-                                                         ", ".join(targets) + ("," if len(targets) == 1 else "")))
-            out.append("    return got")
-        out.append("")
-        out.append("")
-        body = [("    " + line).rstrip() if "\n" not in line else _indent(line)
-                for line in self.function_body(results, loss, "grads_and_loss" if loss is not None else "grads")]
-        if loss is not None:
-            out.append("def grads_and_loss(values: dict):")
-            out.append('    """(every gradient G_W^t by printed weight name, the loss %s), from one sweep."""'
-                       % ("L" if self.loss.scalar else "1/2 ||E||^2"))
-            out.extend(body)
-            out += ["", ""]
-            body = ["    return grads_and_loss(values)[0]"]
-        out.append("def grads(values: dict) -> dict:")
-        out.append('    """Every gradient G_W^t of the form, by printed weight name; values: arrays by printed '
-                   'name."""')
-        out.extend(body)
-        if extra:
-            out += ["", "", extra.rstrip()]
-        out.append("")
-        return "\n".join(out)

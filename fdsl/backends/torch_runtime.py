@@ -143,6 +143,10 @@ def _grouped_total_rows(As, B, nb):
     return torch.split(_matmul_total(_cat(As, -2), B, nb), [A.shape[-2] for A in As], -2)
 
 
+def _sum_of_products(As, Bs):
+    """A_1 @ B_1 + ... + A_k @ B_k as the one product [A_1 ... A_k] [B_1; ...; B_k]."""
+    return _cat(As, -1) @ _cat(Bs, -2)
+
 def _full(shape, value, nb, dtype, device):
     if torch.is_tensor(value):  # a per-example scalar: (batch, 1, 1)
         return value.sum(dim=0).expand(shape).clone()
