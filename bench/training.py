@@ -275,14 +275,16 @@ def counts(step, x, y):
     return c.calls, c.products
 
 
-def timing(module, ids, batch, rounds, inner, compiled):
+def timing(module, ids, batch, rounds, inner, compiled, foreach=None):
+    def adam(m):
+        return torch.optim.Adam(m.parameters(), lr=1e-3, foreach=foreach)
+
     ours, ref = pair(module, torch.float32)
-    steps = {"fdsl": step_fn(ours, torch.optim.Adam(ours.parameters(), lr=1e-3)),
-             "autograd": step_fn(ref, torch.optim.Adam(ref.parameters(), lr=1e-3))}
+    steps = {"fdsl": step_fn(ours, adam(ours)), "autograd": step_fn(ref, adam(ref))}
     if compiled:
         c_ours, c_ref = pair(module, torch.float32)
-        steps["fdsl compiled"] = step_fn(torch.compile(c_ours), torch.optim.Adam(c_ours.parameters(), lr=1e-3))
-        steps["autograd compiled"] = step_fn(torch.compile(c_ref), torch.optim.Adam(c_ref.parameters(), lr=1e-3))
+        steps["fdsl compiled"] = step_fn(torch.compile(c_ours), adam(c_ours))
+        steps["autograd compiled"] = step_fn(torch.compile(c_ref), adam(c_ref))
     x, y = next(batches(ids, batch, 1, seed=2))
     return best_times(steps, x, y, rounds, inner), {k: counts(steps[k], x, y) for k in ("fdsl", "autograd")}
 
@@ -297,6 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30, help="timing rounds, best taken (default 30)")
     ap.add_argument("--inner", type=int, default=3, help="steps per timing round (default 3)")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of both models")
+    ap.add_argument("--foreach", action="store_true", help="Adam(foreach=True) on both sides (the default on "
+                    "CPU is one parameter at a time)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md as it is")
     args = ap.parse_args(argv)
 
@@ -324,14 +328,14 @@ def main(argv=None) -> int:
         say("| %s | %d | %d | %.6f / %.6f | %.6f / %.6f | %.2e |" % (name, args.steps, args.batch, a[0], b[0], a[-1],
                                                                      b[-1], diff))
     say()
-    say("(fdsl / autograd for the losses.) One float32 training step (zero_grad, forward, backward, Adam), "
-        "best of %d rounds of %d steps:" % (args.rounds, args.inner))
+    say("(fdsl / autograd for the losses.) One float32 training step (zero_grad, forward, backward, Adam%s), "
+        "best of %d rounds of %d steps:" % (" with foreach=True" if args.foreach else "", args.rounds, args.inner))
     say()
     say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd | aten calls fdsl / autograd | "
         "matrix products fdsl / autograd |")
     say("|---|---|---|---|---|---|---|")
     for batch in (8, 64):
-        best, counted = timing(module, ids, batch, args.rounds, args.inner, args.compile)
+        best, counted = timing(module, ids, batch, args.rounds, args.inner, args.compile, args.foreach or None)
         (cf, pf), (ca, pa) = counted["fdsl"], counted["autograd"]
         say("| %d | eager | %.2f | %.2f | **%.2f** | %d / %d | %d / %d |" % (
             batch, best["fdsl"] * 1e3, best["autograd"] * 1e3, best["fdsl"] / best["autograd"], cf, ca, pf, pa))
