@@ -327,3 +327,18 @@ def test_a_sum_of_products_is_one_product():
                                                          if target == "torch" else vals)
         want = sum(np.maximum(x @ vals["A"] @ vals["U"] + x @ vals["B"] @ vals["V"] + x, 0) for x in vals["X"])
         assert np.allclose(np.asarray(got["G"]), want)
+
+
+def test_torch_multiplies_two_batches_with_one_bmm():
+    # (X W) X^t with X a batch: torch.bmm, not matmul's expand, reshape and view around it
+    p = fdsl.parse("dim n = 5, d = 3\nconst X : n x d\nweight W : d x d\nA = m(X W X^t)\n")
+    source = codegen.Lowering({"A": p["A"]}, p.dims, "torch").source("test")
+    assert "_bmm(" in _body(source), _body(source)
+    assert "_bmm(" not in _body(codegen.Lowering({"A": p["A"]}, p.dims, "numpy").source("test"))
+    rng = np.random.default_rng(6)
+    X, W = rng.standard_normal((3, 5, 3)), rng.standard_normal((3, 3))
+    grads = codegen.compile_namespace(source)["grads"]
+    for x in (X, X[0]):  # a batch, and one example (then @)
+        got = grads({"X": torch.tensor(x), "W": torch.tensor(W)})["A"].numpy()
+        want = sum(np.maximum(e @ W @ e.T, 0) for e in (x if x.ndim == 3 else [x]))
+        assert np.allclose(got, want)

@@ -56,7 +56,8 @@ class FdslLoss(torch.autograd.Function):
     def backward(ctx, grad_loss):
         g, shapes = ctx.grads, ctx.shapes
         del ctx.grads, ctx.shapes
-        return (None,) + tuple((-grad_loss * g[name]).reshape(shape) if name in g and shape is not None else None
+        scale = -grad_loss
+        return (None,) + tuple((g[name] * scale).reshape(shape) if name in g and shape is not None else None
                                for name, shape in zip(TRAINED, shapes))
 
 

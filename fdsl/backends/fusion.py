@@ -156,6 +156,8 @@ def group_products(body: list) -> list:
 def _place_group(body, kind, side, shared, members) -> Optional[list]:
     writes, reads = _index(body)
     uses = {i: [u for u in body[i].uses if u not in targets(body[i])] for i in members}
+    if {body[i].target for i in members} & {u for i in members for u in uses[i]}:
+        return None  # one member reads another's result: X (X W)^t beside X W
     ready = max((w for i in members for u in uses[i] for w in writes.get(u, ()) if w < i), default=-1) + 1
     for i in members:
         var = body[i].target
@@ -257,3 +259,20 @@ def _sum_at(body, head) -> Optional[list]:
 
 def _names(*exprs) -> tuple:
     return tuple(e[:-3] if e.endswith(".mT") else e for e in exprs)
+
+
+# ---- products of two batches -----------------------------------------------------------------------
+
+
+def batched_products(body: list, batched: set) -> list:
+    """``v = L @ R`` with both sides computed from the data (``batched``: their variables) as
+    ``_bmm(L, R)``: torch's ``bmm`` when both are batches at run time (``@`` on two batches
+    expands, reshapes and views around its bmm, five dispatched calls for one), else ``@``."""
+    out = []
+    for st in body:
+        parts = product_parts(st.code)
+        if parts is not None and parts[1] == "mm" and all(
+                set(re.findall(r"[A-Za-z_]\w*", side)) - {"mT"} <= batched for side in parts[2:]):
+            st = st._replace(code="%s = _bmm(%s, %s)" % (parts[0], parts[2], parts[3]))
+        out.append(st)
+    return out

@@ -60,7 +60,7 @@ from ..core.ops import OPS
 from ..core.printers import short
 from ..core.terms import Term, postorder
 from .fusion import Stmt as _Stmt
-from .fusion import group_products, group_sums, summed_product, unlet
+from .fusion import batched_products, group_products, group_sums, summed_product, unlet
 from .fusion import transposed as _transposed
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter
@@ -429,7 +429,17 @@ class Lowering(ModuleWriter):
                 results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
         self.body = group_products(group_sums(self.body))
+        if self.target.folds_batches:  # torch: a product of two batches is one bmm, not matmul's five calls
+            self.body = batched_products(self.body, self._batched_vars())
         return results
+
+    def _batched_vars(self) -> set:
+        """The variables that hold a value computed from the data (so may carry a batch axis)."""
+        out = {ref.var for b, ref in self.refs.items() if b in self.batched and not ref.scalar}
+        for key, (var, _) in self.avail.items():
+            if any(self.order[uid] in self.batched for uid, _ in key):
+                out.add(var)
+        return out
 
     def ref(self, t: Term) -> _Ref:
         b, f = canon(t)

@@ -102,6 +102,13 @@ def _total(x, nb):
     return x.sum(dim=0) if x.dim() == 3 else x * nb
 
 
+def _bmm(A, B):
+    """A @ B for two batches of matrices as the one call ``torch.bmm``; otherwise ``@``."""
+    if A.dim() == 3 and B.dim() == 3:
+        return torch.bmm(A, B)
+    return A @ B
+
+
 def _matmul_total(A, B, nb):
     """A @ B summed over the batch (a gradient): for two batches sum_b A_b B_b as one product, the
     examples side by side along the inner axis; a product that no example changes counts nb times."""
