@@ -40,7 +40,7 @@ is on the left, where torch folds it into one matrix product; on one with ``fuse
 ``layernorm(A)`` keeps its row statistics and ``dlayernorm(A, B)`` is the library's fused backward
 from them. The statements then go through ``fdsl.backends.fusion``: a weight's gradient summed over
 the batch inside its last product, sums of products and products that share an operand as one
-product.
+product, and (torch) a product of two batches as one ``bmm``.
 
 The function around these statements and the module around it (imports, the runtime helpers) are
 written by ``fdsl.backends.writer``; the torch training classes by ``fdsl.backends.codegen``.
