@@ -6,7 +6,8 @@ outputs      the terms to compute, by name: for gradients, ``G_W^t`` for every w
              form ``w = sum_W trace(G_W d(W))`` (``fdsl.calculus.gradients.gradient_terms``).
 source       a Python module: a docstring naming its origin, the runtime helpers of the target
              (``numpy_runtime``, ``torch_runtime``), and ``grads(values)`` whose body is the
-             lowering's statements (``fdsl.backends.lowering``); with a loss (``w = form(E)``),
+             lowering's statements (``fdsl.backends.lowering``); with a loss (``w = form(E)``,
+             ``L = 1/2 ||E||^2``, or ``w = -d(L)`` for any scalar L: ``gradients.loss_of``),
              ``grads_and_loss`` and, for torch, ``loss``, ``FdslLoss`` and ``Model``.
 compiled     the same source compiled in-process (``compile_gradients``), for ``grad`` and
              training: one lowering to numbers for every command.
@@ -21,6 +22,7 @@ from typing import Mapping, Optional
 
 from ..base.errors import FdslError
 from ..calculus.gradients import gradient_terms  # noqa: F401  (codegen.gradient_terms: what it computes)
+from ..core.printers import short
 from ..core.terms import Term
 from .lowering import Lowering, nodes
 from .targets import TARGETS
@@ -33,35 +35,38 @@ _TORCH_TRAINING = '''# ---- training with torch --------------------------------
 WEIGHTS = %(weights)r  # the weights, in the order of their gradients
 SHAPES = %(shapes)r  # None: a dim read off the values
 DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one
+TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and the scalar weights
 
 
 class FdslLoss(torch.autograd.Function):
-    """L = 1/2 ||E||^2 whose backward is fdsl's closed-form gradient: the forward is the generated
+    """The loss L (%(loss)s) whose backward is fdsl's closed-form gradient: the forward is the generated
     sweep (it computes the gradients with the loss, without recording a graph) and the backward
-    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient. Inputs that are not weights
-    (the data) get no gradient."""
+    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient, shaped like W (a scalar
+    weight too). Inputs that are not weights (the data) get no gradient."""
 
     @staticmethod
     def forward(ctx, scalars, *tensors):
         values = dict(scalars)
-        values.update(zip(INPUTS, tensors))
+        values.update(zip(TRAINED, tensors))
         g, value = grads_and_loss(values)
-        ctx.grads = g
+        ctx.grads, ctx.shapes = g, [t.shape if torch.is_tensor(t) else None for t in tensors]
         return value
 
     @staticmethod
     def backward(ctx, grad_loss):
-        g = ctx.grads
-        del ctx.grads
-        return (None,) + tuple(-grad_loss * g[name] if name in g else None for name in INPUTS)
+        g, shapes = ctx.grads, ctx.shapes
+        del ctx.grads, ctx.shapes
+        scale = -grad_loss
+        return (None,) + tuple((g[name] * scale).reshape(shape) if name in g and shape is not None else None
+                               for name, shape in zip(TRAINED, shapes))
 
 
 def loss(values: dict):
-    """L = 1/2 ||E||^2 at ``values`` (tensors by printed name; a batch axis on the data sums the
+    """The loss L (%(loss)s) at ``values`` (tensors by printed name; a batch axis on the data sums the
     loss over it), differentiable in the weights through fdsl's closed-form gradient:
     ``loss(values).backward()`` fills the ``.grad`` of the weight tensors that require it."""
-    scalars = {name: v for name, v in values.items() if name not in INPUTS}
-    return FdslLoss.apply(scalars, *(values[name] for name in INPUTS))
+    scalars = {name: v for name, v in values.items() if name not in TRAINED}
+    return FdslLoss.apply(scalars, *(values[name] for name in TRAINED))
 
 
 class Model(torch.nn.Module):
@@ -104,18 +109,23 @@ def generate(outputs: Mapping, dims: Optional[Mapping] = None, docstring: str = 
 
 
 def gradients_source(w: Term, dims: Optional[Mapping] = None, origin: str = "", target: str = "numpy",
-                     dtype: Optional[str] = None, error: Optional[Term] = None) -> str:
+                     dtype: Optional[str] = None, loss: Optional[Term] = None, error: Optional[Term] = None) -> str:
     """The source of a module computing every gradient G_W^t of the normal form ``w`` with
-    ``target`` (numpy or torch), in ``dtype`` (None: the inputs'). With ``error`` E (``w`` is
-    form(E)) the module computes the loss 1/2 ||E||^2 in the same sweep, and a torch module gets
-    the autograd Function and the Module that use it."""
+    ``target`` (numpy or torch), in ``dtype`` (None: the inputs'). With ``loss`` (``loss_of`` of
+    the form: E when ``w`` is form(E), for ``1/2 ||E||^2``, or the scalar L of ``w = -d(L)``;
+    ``error`` is its older name) the module computes the loss in the same sweep, and a torch
+    module gets the autograd Function and the Module that use it."""
+    loss = loss if loss is not None else error
     outputs = gradient_terms(w)
     lib = TARGETS[target].name if target in TARGETS else target
     lines = ["Gradients generated by fdsl codegen%s (target %s)." % (" from %s" % origin if origin else "", lib), ""]
     lines.append("grads(values) returns, for every weight W of the normal form w = sum_W trace(G_W d(W)),")
     lines.append("its gradient G_W^t (shaped like W), by printed name: %s." % _wrap(", ".join(outputs)))
-    lines.append("For w = form(E) = -trace(E^t d(E)) that is -dL/dW for L = 1/2 ||E||^2, the descent direction.")
-    if error is not None:
+    if loss is None or not loss.scalar:
+        lines.append("For w = form(E) = -trace(E^t d(E)) that is -dL/dW for L = 1/2 ||E||^2, the descent direction.")
+    else:
+        lines.append("For w = -d(L) that is -dL/dW, the descent direction of L = %s." % short(loss, 60))
+    if loss is not None:
         lines.append("grads_and_loss(values) returns (grads(values), L) from the same sweep.")
     lines.append("")
     kind = "tensors (any device)" if lib == "torch" else "arrays"
@@ -134,19 +144,19 @@ def gradients_source(w: Term, dims: Optional[Mapping] = None, origin: str = "", 
         lines.append("Dims baked in: %s." % ", ".join("%s = %d" % kv for kv in sorted(known.items())))
     lines.append("One forward and one backward sweep: each distinct subterm once, in topological order.")
     lines.append("Imports only %s." % lib)
-    lowering = Lowering(outputs, dims, target, dtype, loss=error)
+    lowering = Lowering(outputs, dims, target, dtype, loss=loss)
     extra = ""
     if lib == "torch":
-        if error is not None:
-            extra = _torch_training(lowering, outputs, dims)
+        if loss is not None:
+            extra = _torch_training(lowering, outputs, dims, loss)
         else:
-            lines.append("The form is not form(E) for a named E, so there is no loss, Function or Module here.")
+            lines.append("The form is neither form(E) nor -d(L), so there is no loss, Function or Module here.")
     else:
         lines.append("")
     return lowering.source("\n".join(lines) + "\n", extra)
 
 
-def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping]) -> str:
+def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping], loss: Term) -> str:
     """The autograd Function and Module of a torch module: torch training loops use them."""
     sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int)}
 
@@ -157,7 +167,8 @@ def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping
     shapes = {name: shape(leaves[name]) for name in outputs if name in leaves}
     data = {name: shape(leaves[name]) for name in lowering.input_names()
             if leaves[name].data[0].kind == "const"}
-    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "data": data}
+    what = "1/2 ||E||^2 of w = form(E)" if not loss.scalar else "of w = -d(L)"
+    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "data": data, "loss": what}
 
 
 def _wrap(s: str, width: int = 96) -> str:
@@ -181,18 +192,19 @@ def compile_source(source: str, filename: str = "<fdsl generated>"):
 
 
 def compile_gradients(w: Term, dims: Optional[Mapping] = None, error: Optional[Term] = None):
+    # ``error``: the loss as ``gradients.loss_of`` gives it (E of form(E), or the scalar L of -d(L))
     """``grads(values) -> {printed weight name: G_W^t}`` for the normal form ``w``, from the same
     generated source as ``fdsl codegen`` (cached per form, dims and error). Dims not given (or
     without a size) are read off the shapes of the values; constants may carry a batch axis. A
     missing value or a value of the wrong shape is an FdslError; ``grads.source`` is the generated
-    module, ``grads.generated`` its function. With ``error`` E, ``grads.with_loss(values)`` is
-    (the gradients, 1/2 ||E||^2) from one sweep."""
+    module, ``grads.generated`` its function. With ``error`` E (or L), ``grads.with_loss(values)``
+    is (the gradients, 1/2 ||E||^2, or L) from one sweep."""
     key = (w, tuple(sorted((k, v) for k, v in (dims or {}).items() if isinstance(v, int))), error)
     fn = _COMPILED.get(key)
     if fn is None:
         if len(_COMPILED) > 64:
             _COMPILED.clear()
-        source = gradients_source(w, dims, error=error)
+        source = gradients_source(w, dims, loss=error)
         namespace = compile_namespace(source)
         fn = _COMPILED[key] = _checked(namespace["grads"], source)
         if error is not None:

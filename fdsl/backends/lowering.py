@@ -31,8 +31,19 @@ a ones vector at an end are row or column sums. Every other operator is lowered 
 template in the operator table (``fdsl.core.ops.OPS[op].numpy``, placeholders as in
 ``numpy_eval._compile``), so an operator declared by a rule file works here too.
 
-The module around these statements (imports, the runtime helpers, the torch training classes)
-is written by ``fdsl.backends.codegen``.
+Subterms equal up to ``let`` names are one base (``fusion.unlet`` strips the names first and keeps
+them for the variables): the body of ``gpt_2 := ...`` and its copy inline in the loss, or in a
+natural spelling whose names were found, are computed once. A Hadamard factor whose rows are all
+one row, ``C r``, is r broadcast. On a target that ``folds_batches`` (torch), a product whose right
+side alone varies per example is computed as the transpose of the reversed product, so the batch
+is on the left, where torch folds it into one matrix product; on one with ``fused_layernorm``,
+``layernorm(A)`` keeps its row statistics and ``dlayernorm(A, B)`` is the library's fused backward
+from them. The statements then go through ``fdsl.backends.fusion``: a weight's gradient summed over
+the batch inside its last product, sums of products and products that share an operand as one
+product, and (torch) a product of two batches as one ``bmm``.
+
+The function around these statements and the module around it (imports, the runtime helpers) are
+written by ``fdsl.backends.writer``; the torch training classes by ``fdsl.backends.codegen``.
 """
 
 from __future__ import annotations
@@ -48,8 +59,11 @@ from ..core import terms as T
 from ..core.ops import OPS
 from ..core.printers import short
 from ..core.terms import Term, postorder
-from .source import _indent, _natural, docstring_literal
+from .fusion import Stmt as _Stmt
+from .fusion import batched_products, group_products, group_sums, summed_product, unlet
+from .fusion import transposed as _transposed
 from .targets import DTYPES, TARGETS
+from .writer import ModuleWriter
 
 #: size assumed for a dim without one when choosing the order of products
 _GUESSED_SIZE = 64
@@ -82,12 +96,6 @@ class _Ref(NamedTuple):
         return self if self.scalar else _Ref(self.var, not self.flip, False)
 
 
-class _Stmt(NamedTuple):
-    target: Optional[str]
-    code: str
-    uses: tuple  # the variables read, for deleting them after their last use
-
-
 def canon(t: Term) -> tuple:
     """(base, transposed): ``t`` is the base, or its transpose, with let names looked through."""
     flip = False
@@ -109,7 +117,7 @@ _RESERVED = {"np", "torch", "math", "values", "INPUTS", "DTYPE", "EXAMPLES", "EX
 # ---- the lowering -------------------------------------------------------------------------------
 
 
-class Lowering:
+class Lowering(ModuleWriter):
     """Lower ``outputs`` (name -> term) to the body of ``grads(values)``; see the module doc."""
 
     def __init__(self, outputs: Mapping, dims: Optional[Mapping] = None, target: str = "numpy",
@@ -120,7 +128,8 @@ class Lowering:
             raise FdslError("unknown dtype %r: the dtypes are %s" % (dtype, ", ".join(DTYPES)))
         self.target, self.dtype = TARGETS[target], dtype
         self.outputs = dict(outputs)
-        self.loss = loss  # E: the module also returns 1/2 ||E||^2 (the loss of form(E))
+        # the loss the module also returns: E for 1/2 ||E||^2 (w = form(E)), or a scalar L (w = -d(L))
+        self.loss = loss
         self.sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
         self.module_consts: list = []  # (var, code): built once, at import
         self.inputs: list = []  # statements reading values[...]
@@ -135,18 +144,27 @@ class Lowering:
         self.avail: dict = {}  # canonical sub-word key -> (var, flip)
         self.masks: dict = {}  # base -> variable holding (value of base > 0) in its storage
         self.softmaxes: dict = {}  # (base, flip) -> _Ref of the row softmax of that argument
+        self.layernorm_stats: dict = {}  # (base, flip) -> the variables of its row mean and 1/sigma
         self.const_memo: dict = {}
         self.flops = 0  # multiply-adds of the matrix products, for reports
         self.runtime_dims: dict = {}  # dim name -> variable
         self.let_names: dict = {}  # base -> the name of a let bound to it (X_1, G_7): its variable
         self._comments: dict = {}  # variable -> the binding it computes, for the reader
-        self.nodes = nodes(list(self.outputs.values()) + ([loss] if loss is not None else []))
-        for n in self.nodes:
+        # subterms equal up to let names are one computation: the body of ``gpt_2 := ...`` in the
+        # normal form and its copy inline in the loss (or in a natural spelling, where the names
+        # were found) are one base. Lets are stripped from every term first, their names kept.
+        named = nodes(list(self.outputs.values()) + ([loss] if loss is not None else []))
+        plain = unlet(named)
+        for n in named:
             if n.op == "let":
-                base, flip = canon(n.args[0])
+                base, flip = canon(plain[n])
                 if not flip and base not in self.let_names:
                     name, index = n.data
                     self.let_names[base] = name + "".join("_%d" % i for i in index)
+        self.outputs = {k: plain[t] for k, t in self.outputs.items()}
+        if loss is not None:
+            self.loss = plain[loss]
+        self.nodes = nodes(list(self.outputs.values()) + ([self.loss] if loss is not None else []))
         self._order()
 
     # -- names
@@ -269,14 +287,22 @@ class Lowering:
             a, fa = canon(b.args[0])
             extra = [self._softmax_nodes[(a, fa)]] if (a, fa) in self._softmax_nodes else []
             return [a, canon(b.args[1])[0]] + extra
+        if op == "had":
+            return [canon(x)[0] for x in self._hadamard_args(b)]
+        if op == "dlayernorm" and self.target.fused_layernorm:  # the statistics of the forward's
+            a, fa = canon(b.args[0])
+            extra = [self._layernorm_nodes[(a, fa)]] if (a, fa) in self._layernorm_nodes else []
+            return [a, canon(b.args[1])[0]] + extra
         return [canon(x)[0] for x in b.args if not (x.scalar and self.const_scalar(x) is not None)]
 
     def _order(self):
         """Every base the outputs need, children first (iteratively: terms can be deep)."""
-        self._softmax_nodes = {}
+        self._softmax_nodes, self._layernorm_nodes = {}, {}
         for n in self.nodes:
             if n.op == "a":
                 self._softmax_nodes.setdefault(canon(n.args[0]), n)
+            if n.op == "layernorm":
+                self._layernorm_nodes.setdefault(canon(n.args[0]), n)
         # Roots that need fewer named intermediates beneath them first: for a deep encoder, the
         # weights of the last layer (after the forward sweep), then each layer's as soon as its
         # adjoint G_i is known, so that the values of a layer can be freed once it is done.
@@ -399,9 +425,21 @@ class Lowering:
                 code = "_copy(%s)" % ref.expr()
                 results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
             else:
-                results[name] = ((ref.expr(), "_total(%s, _nb)" % ref.expr()), (ref.var,))
+                summed = bool(self.batched) and summed_product(self.body, ref.var)
+                results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
+        self.body = group_products(group_sums(self.body))
+        if self.target.folds_batches:  # torch: a product of two batches is one bmm, not matmul's five calls
+            self.body = batched_products(self.body, self._batched_vars())
         return results
+
+    def _batched_vars(self) -> set:
+        """The variables that hold a value computed from the data (so may carry a batch axis)."""
+        out = {ref.var for b, ref in self.refs.items() if b in self.batched and not ref.scalar}
+        for key, (var, _) in self.avail.items():
+            if any(self.order[uid] in self.batched for uid, _ in key):
+                out.add(var)
+        return out
 
     def ref(self, t: Term) -> _Ref:
         b, f = canon(t)
@@ -480,7 +518,28 @@ class Lowering:
             ref = self._template(b)
             self.softmaxes.setdefault((a, fa), ref)
             return ref
+        if op in ("layernorm", "dlayernorm") and self.target.fused_layernorm:
+            return self._layernorm(b)
         return self._template(b)
+
+    def _layernorm(self, b: Term) -> _Ref:
+        """layernorm(A) with its row statistics (mean, 1/sigma), kept for the layer-norm backward
+        at the same A, ``dlayernorm(A, B)``, which the target's fused kernel computes from them (a
+        target with ``fused_layernorm``); a dlayernorm whose A has no layernorm goes by template."""
+        a, fa = canon(b.args[0])
+        if b.op == "dlayernorm":
+            stats = self.layernorm_stats.get((a, fa))
+            if stats is None:
+                return self._template(b)
+            x, y = (self._matrix(self.ref(t)) for t in b.args)
+            return self._new(b, lambda v: "%s = _dlayernorm_stats(%s, %s, %s, %s)" % (v, x.expr(), y.expr(), *stats),
+                             [x.var, y.var] + list(stats))
+        x = self._matrix(self.ref(b.args[0]))
+        var = self._fresh(self._hint(b))
+        stats = (self._fresh(var + "_mean"), self._fresh(var + "_rstd"))
+        self._emit_stmt(var, "%s, %s, %s = _layernorm_stats(%s)" % (var, stats[0], stats[1], x.expr()), [x.var])
+        self.layernorm_stats[(a, fa)] = stats
+        return _Ref(var)
 
     def _symbol(self, b: Term) -> _Ref:
         symbol, shape = b.data
@@ -529,8 +588,26 @@ class Lowering:
             raise FdslError("the numpy template of operator %s, %r, uses an unknown placeholder %s"
                             % (b.op, spec.numpy, e)) from None
 
+    def _hadamard_args(self, b: Term) -> list:
+        """The factors of a Hadamard product as computed: a factor ``C r`` (C a column of ones, r a
+        row: every row is r) is r, broadcast, and ``c R`` (R a row of ones: every column is the
+        column c) is c, as long as one factor has the full shape."""
+        out, full = [], False
+        for x in b.args:
+            base, flip = canon(x)
+            if base.op == "mul" and len(base.args) == 2 and self._ones(base.args[0]) \
+                    and base.args[0].shape[1] == 1 and not base.args[1].scalar:
+                out.append(T.transpose(base.args[1]) if flip else base.args[1])
+            elif base.op == "mul" and len(base.args) == 2 and self._ones(base.args[1]) \
+                    and base.args[1].shape[0] == 1 and not base.args[0].scalar:  # c 1^t: every column is c
+                out.append(T.transpose(base.args[0]) if flip else base.args[0])
+            else:
+                out.append(x)
+                full = True
+        return out if full else list(b.args)
+
     def _template(self, b: Term) -> _Ref:
-        args = [self._matrix(self.ref(x)) for x in b.args]
+        args = [self._matrix(self.ref(x)) for x in (self._hadamard_args(b) if b.op == "had" else b.args)]
         code = self._template_code(b, args)
         return self._new(b, lambda v: "%s = %s" % (v, code), [a.var for a in args])
 
@@ -579,6 +656,9 @@ class Lowering:
             lhs = "(%s * %s)" % (scale_code, lhs)
         elif where == "right":
             rhs = "(%s * %s)" % (scale_code, rhs)
+        if where != "out" and self._folds(word[:s + 1], word[s + 1:]):  # as in _interval
+            return self._new(b, lambda v: "%s = %s @ %s" % (v, _transposed(rhs), _transposed(lhs)), uses,
+                             flip=not flip)
         if where != "out":
             return self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
                                                                        left, right)), uses, flip=flip)
@@ -644,10 +724,23 @@ class Lowering:
         self.flops += (self._guess(self._oriented_shape(word[i])[0]) * self._guess(self._oriented_shape(word[s])[1])
                        * self._guess(self._oriented_shape(word[j])[1]))
         var = self._fresh(hint)
+        if self._folds(word[i:s + 1], word[s + 1:j + 1]):  # (B^t A^t)^t: the batch on the left
+            self._emit_stmt(var, "%s = %s @ %s" % (var, right.t().expr(), left.t().expr()), [left.var, right.var])
+            self.avail[key] = (var, not rel)
+            return _Ref(var, True)
         code = self._matmul(left.expr(), right.expr(), word[i:s + 1], word[s + 1:j + 1], left, right)
         self._emit_stmt(var, "%s = %s" % (var, code), [left.var, right.var])
         self.avail[key] = (var, rel)
         return _Ref(var)
+
+    def _folds(self, lword, rword) -> bool:
+        """Whether to compute the product ``lword rword`` as the transpose of ``rword^t lword^t``:
+        when only its right side varies per example and the target folds a batch on the left of a
+        product into one matrix product (torch: ``(b, n, d) @ (d, k)`` is one ``mm``, while
+        ``(d, n) @ (b, n, k)`` broadcasts the left side and makes b of them)."""
+        if not self.target.folds_batches or self._ones_side(lword, rword) is not None:
+            return False
+        return (not any(b in self.batched for b, _ in lword)) and any(b in self.batched for b, _ in rword)
 
     def _ones_side(self, lword, rword) -> Optional[str]:
         """Which side of the product ``lword rword`` is a single vector of ones (a column on the
@@ -757,131 +850,3 @@ class Lowering:
             self.softmaxes[(a, fa)] = s
         x = self._matrix(self.ref(b.args[1]))
         return self._new(b, lambda v: "%s = _aa_given(%s, %s)" % (v, s.expr(), x.expr()), [s.var, x.var])
-
-    # -- the module
-
-    def _module_vars(self) -> set:
-        return {v for v, _ in self.module_consts}
-
-    def _runtime_const_vars(self) -> set:
-        return {v for v, _ in self.runtime_consts}
-
-    def function_body(self, results, loss=None, name="grads") -> list:
-        """The lines of the sweep's body (the function ``name``): dtype, inputs, dims, constants,
-        the sweep with deletions, return (with ``loss``, the code of 1/2 ||E||^2, the pair
-        (gradients, loss))."""
-        inputs = sorted(self.inputs, key=lambda s: _natural(s.target))
-        dev = ", _dev" if self.target.device else ""
-        lines = ["%s = _dtype(values, INPUTS, DTYPE)" % ("_dt, _dev" if dev else "_dt")]
-        lines += [s.code for s in inputs]
-        examples = [s.target for s in inputs if s.target in self.batch_inputs]
-        lines.append("_nb = _batch(%s)" % ", ".join(examples) if examples else "_nb = 0")
-        if self.target.pieces and examples:
-            # a large batch goes through in pieces of a few examples (see targets: pieces)
-            lines.append("if _nb and _piece(_nb, EXAMPLE_SIZE, _dt):\n"
-                         "    return _in_pieces(%s, values, EXAMPLES, _piece(_nb, EXAMPLE_SIZE, _dt))" % name)
-        lines += [s.code for s in self.dim_stmts]
-        if self.module_consts:
-            targets = [v for v, _ in self.module_consts]
-            lines.append("%s = _constants(_dt%s)" % (", ".join(targets) + ("," if len(targets) == 1 else ""), dev))
-        lines += [code for _, code in self.runtime_consts]
-        keep = set(v for v, _ in self.module_consts) | {s.target for s in self.inputs}
-        keep |= {s.target for s in self.dim_stmts} | self._runtime_const_vars()
-        returned = {u for _, uses in results.values() for u in uses}
-        if loss is not None:
-            returned |= set(loss[1])
-        last = {}
-        for i, s in enumerate(self.body):
-            for u in s.uses:
-                last[u] = i
-        for i, s in enumerate(self.body):
-            comment = self._comments.get(s.target) if s.target and s.code.startswith(s.target + " = ") else None
-            if comment:
-                lines.append("# " + comment)
-            lines.append(s.code)
-            dead = sorted({u for u in s.uses if last.get(u) == i and u not in keep and u not in returned
-                           and u != s.target})
-            if dead:
-                lines.append("del " + ", ".join(dead))
-
-        def returned_value(batched: bool) -> str:
-            items = ["%r: %s" % (name, code[batched]) for name, (code, _) in results.items()]
-            if len(items) < 2:
-                value = "{%s}" % ", ".join(items)
-            else:
-                value = "{\n" + "".join("    %s,\n" % i for i in items) + "}"
-            return "return " + (value if loss is None else "%s, %s" % (value, loss[0]))
-
-        if examples:  # a batch: every gradient summed over it (one test, not one per gradient)
-            lines.append("if _nb:\n" + _indent(returned_value(True)))
-        lines.append(returned_value(False))
-        return lines
-
-    def example_size(self) -> int:
-        """Entries of the largest array that one example's sweep makes (dims without a size
-        guessed), for cutting a batch into pieces."""
-        return max((self._guess(b.shape[0]) * self._guess(b.shape[1]) for b in self.batched if b.shape),
-                   default=1)
-
-    def input_names(self) -> list:
-        """The printed names of the array inputs, in the order the module reads them."""
-        return [self.array_inputs[s.target] for s in sorted(self.inputs, key=lambda s: _natural(s.target))
-                if s.target in self.array_inputs]
-
-    def source(self, docstring: str, extra: str = "") -> str:
-        """The generated module (``extra``: more of it, after the functions)."""
-        results = self.lower()
-        loss = None
-        if self.loss is not None:
-            ref = self.ref(self.loss)
-            loss = ("_half_sq(%s, _nb)" % ref.expr(), (ref.var,))
-        for base, name in self.let_names.items():
-            ref = self.refs.get(base)
-            if ref is not None and not ref.scalar:
-                self._comments.setdefault(ref.var, "%s := %s" % (name, short(base, 110)))
-        target = self.target
-        out = [docstring_literal(docstring), ""] + list(target.imports) + ["", ""]
-        out.append("# ---- runtime helpers (fdsl.backends.%s_runtime) " % target.name + "-" * (46 - len(target.name)))
-        out.append("")
-        out.append(target.runtime())
-        out.append("")
-        out.append("")
-        out.append("# ---- constants " + "-" * 80)
-        out.append("")
-        out.append("DTYPE = %s  # None: compute in the dtype of the inputs" % target.dtype_code(self.dtype))
-        names = self.input_names()
-        out.append("INPUTS = %r  # the array inputs" % (tuple(names),))
-        if target.pieces and self.batch_inputs:
-            out.append("EXAMPLES = %r  # the inputs that may carry a batch axis"
-                       % (tuple(self.array_inputs[v] for v in sorted(self.batch_inputs, key=_natural)),))
-            out.append("EXAMPLE_SIZE = %d  # entries of the largest array of one example" % self.example_size())
-        if self.module_consts:
-            dev = ", _dev" if target.device else ""
-            out += ["_CONSTANTS: dict = {}", "", "",
-                    "def _constants(_dt%s):" % dev,
-                    '    """The constant arrays, built once per dtype%s."""' % (" and device" if dev else ""),
-                    "    got = _CONSTANTS.get(%s)" % ("(_dt, _dev)" if dev else "_dt"),
-                    "    if got is None:"]
-            out += ["        " + code for _, code in self.module_consts]
-            targets = [v for v, _ in self.module_consts]
-            out.append("        got = _CONSTANTS[%s] = (%s)" % ("(_dt, _dev)" if dev else "_dt",
-                                                         ", ".join(targets) + ("," if len(targets) == 1 else "")))
-            out.append("    return got")
-        out.append("")
-        out.append("")
-        body = [("    " + line).rstrip() if "\n" not in line else _indent(line)
-                for line in self.function_body(results, loss, "grads_and_loss" if loss is not None else "grads")]
-        if loss is not None:
-            out.append("def grads_and_loss(values: dict):")
-            out.append('    """(every gradient G_W^t by printed weight name, the loss 1/2 ||E||^2), from one sweep."""')
-            out.extend(body)
-            out += ["", ""]
-            body = ["    return grads_and_loss(values)[0]"]
-        out.append("def grads(values: dict) -> dict:")
-        out.append('    """Every gradient G_W^t of the form, by printed weight name; values: arrays by printed '
-                   'name."""')
-        out.extend(body)
-        if extra:
-            out += ["", "", extra.rstrip()]
-        out.append("")
-        return "\n".join(out)

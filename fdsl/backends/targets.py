@@ -45,6 +45,8 @@ class Target:
     imports = ("import numpy as np",)
     device = ""  # extra arguments of the constants (torch: the device)
     pieces = True  # a large batch is cut into pieces (see the module doc)
+    folds_batches = False  # (b, n, d) @ (d, k) is one matrix product (torch), not b of them (numpy)
+    fused_layernorm = False  # layernorm keeps its row statistics for a fused backward (torch)
 
     def dtype_code(self, dtype) -> str:
         return "None" if dtype is None else "np.%s" % dtype
@@ -73,6 +75,8 @@ class TorchTarget(Target):
     imports = ("import torch",)
     device = ", device=_dev"
     pieces = False
+    folds_batches = True
+    fused_layernorm = True
 
     def dtype_code(self, dtype) -> str:
         return "None" if dtype is None else "torch.%s" % dtype
@@ -108,8 +112,7 @@ _TORCH_TEMPLATES = {
     "gelu": "torch.nn.functional.gelu({0})",
     "dtanh": "(1.0 - torch.tanh({0}) ** 2) * {1}",
     "dsigmoid": "(torch.sigmoid({0}) * (1.0 - torch.sigmoid({0})) * {1})",
-    "dgelu": "((0.5 * (1.0 + torch.erf({0} * 0.7071067811865476)) "
-             "+ {0} * torch.exp(-0.5 * {0} * {0}) * 0.3989422804014327) * {1})",
+    "dgelu": "_dgelu({0}, {1})",  # torch's fused GELU backward
     "ddgelu": "(torch.exp(-0.5 * {0} * {0}) * 0.3989422804014327 * (2.0 - {0} * {0}) * {1})",
     "rowsum": "{0}.sum(dim=-1, keepdim=True)",
     "rowmean": "{0}.mean(dim=-1, keepdim=True)",
@@ -217,6 +220,55 @@ def _total(x, nb):
     return x.sum(axis=0) if x.ndim == 3 else x * nb
 
 
+def _matmul_total(A, B, nb):
+    """A @ B summed over the batch (a gradient): for two batches sum_b A_b B_b as one product, the
+    examples side by side along the inner axis; a product that no example changes counts nb times."""
+    if A.ndim == 3 and B.ndim == 3:
+        return np.swapaxes(A, -1, -2).reshape(-1, A.shape[-2]).T @ B.reshape(-1, B.shape[-1])
+    if A.ndim == 3:
+        return A.sum(axis=0) @ B
+    if B.ndim == 3:
+        return A @ B.sum(axis=0)
+    return (A @ B) * nb if nb else A @ B
+
+
+def _cat(xs, axis):
+    """The matrices side by side along ``axis`` (-1: columns, -2: rows); a matrix beside a batch
+    is repeated for every example."""
+    if len({x.ndim for x in xs}) > 1:
+        nb = next(x.shape[0] for x in xs if x.ndim == 3)
+        xs = [x if x.ndim == 3 else np.broadcast_to(x, (nb,) + x.shape) for x in xs]
+    return np.concatenate(xs, axis)
+
+
+def _split(x, sizes, axis):
+    return np.split(x, np.cumsum(sizes)[:-1], axis)
+
+
+def _grouped(A, Bs):
+    """(A @ B for B in Bs), as the one product A [B_1 ... B_k], split back into views."""
+    return _split(A @ _cat(Bs, -1), [B.shape[-1] for B in Bs], -1)
+
+
+def _grouped_rows(As, B):
+    """(A @ B for A in As), as the one product [A_1; ...; A_k] B, split back into views."""
+    return _split(_cat(As, -2) @ B, [A.shape[-2] for A in As], -2)
+
+
+def _grouped_total(A, Bs, nb):
+    """(_matmul_total(A, B, nb) for B in Bs), as one product."""
+    return _split(_matmul_total(A, _cat(Bs, -1), nb), [B.shape[-1] for B in Bs], -1)
+
+
+def _grouped_total_rows(As, B, nb):
+    """(_matmul_total(A, B, nb) for A in As), as one product."""
+    return _split(_matmul_total(_cat(As, -2), B, nb), [A.shape[-2] for A in As], -2)
+
+
+def _sum_of_products(As, Bs):
+    """A_1 @ B_1 + ... + A_k @ B_k as the one product [A_1 ... A_k] [B_1; ...; B_k]."""
+    return _cat(As, -1) @ _cat(Bs, -2)
+
 def _full(shape, value, nb, dtype):
     if isinstance(value, np.ndarray):  # a per-example scalar: (batch, 1, 1)
         return np.full(shape, value.sum(), dtype=dtype)
@@ -262,4 +314,12 @@ def _half_sq(E, nb):
     """1/2 ||E||^2, summed over the batch."""
     s = 0.5 * float(np.vdot(E, E))
     return s * nb if nb and E.ndim == 2 else s
+
+
+def _loss_total(L, nb):
+    """A scalar loss L summed over the batch: per example it is a (batch, 1, 1) array; a loss that
+    no example changes counts once per example."""
+    if isinstance(L, np.ndarray) and L.ndim == 3:
+        return float(L.sum())
+    return float(np.asarray(L).reshape(())) * (nb or 1)
 '''

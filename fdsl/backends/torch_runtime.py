@@ -34,7 +34,10 @@ def _aa(A, B):
 
 
 def _aa_given(S, B):
-    """aa(A, B) from S = softmax(A), for B of any batch shape that broadcasts with S."""
+    """aa(A, B) from S = softmax(A), for B of any batch shape that broadcasts with S: torch's fused
+    softmax backward (the softmax Jacobian is symmetric, so its vector-Jacobian product is aa)."""
+    if S.shape == B.shape:
+        return torch._softmax_backward_data(B, S, -1, S.dtype)
     out = S * B
     out -= S * out.sum(dim=-1, keepdim=True)
     return out
@@ -43,7 +46,7 @@ def _aa_given(S, B):
 def _trace(A):
     """The trace: a number for one matrix, a (batch, 1, 1) tensor for a batch of them."""
     t = torch.diagonal(A, dim1=-2, dim2=-1).sum(-1)
-    return float(t) if A.dim() == 2 else t[..., None, None]
+    return float(t.detach()) if A.dim() == 2 else t[..., None, None]
 
 
 def _as_float(x):
@@ -79,7 +82,8 @@ def _input(values, name, shape, batched, dtype, device):
 
 
 def _scalar(values, name):
-    return float(torch.as_tensor(values[name]).reshape(()))
+    x = values[name]
+    return float((x.detach() if torch.is_tensor(x) else torch.as_tensor(x)).reshape(()))
 
 
 def _batch(*xs):
@@ -98,6 +102,58 @@ def _total(x, nb):
     return x.sum(dim=0) if x.dim() == 3 else x * nb
 
 
+def _bmm(A, B):
+    """A @ B for two batches of matrices as the one call ``torch.bmm``; otherwise ``@``."""
+    if A.dim() == 3 and B.dim() == 3:
+        return torch.bmm(A, B)
+    return A @ B
+
+
+def _matmul_total(A, B, nb):
+    """A @ B summed over the batch (a gradient): for two batches sum_b A_b B_b as one product, the
+    examples side by side along the inner axis; a product that no example changes counts nb times."""
+    if A.dim() == 3 and B.dim() == 3:
+        return A.mT.reshape(-1, A.shape[-2]).mT @ B.reshape(-1, B.shape[-1])
+    if A.dim() == 3:
+        return A.sum(dim=0) @ B
+    if B.dim() == 3:
+        return A @ B.sum(dim=0)
+    return (A @ B) * nb if nb else A @ B
+
+
+def _cat(xs, dim):
+    """The matrices side by side along ``dim`` (-1: columns, -2: rows); a matrix beside a batch
+    is repeated for every example."""
+    if len({x.dim() for x in xs}) > 1:
+        nb = next(x.shape[0] for x in xs if x.dim() == 3)
+        xs = [x if x.dim() == 3 else x.expand(nb, *x.shape) for x in xs]
+    return torch.cat(xs, dim)
+
+
+def _grouped(A, Bs):
+    """(A @ B for B in Bs), as the one product A [B_1 ... B_k], split back into views."""
+    return torch.split(A @ _cat(Bs, -1), [B.shape[-1] for B in Bs], -1)
+
+
+def _grouped_rows(As, B):
+    """(A @ B for A in As), as the one product [A_1; ...; A_k] B, split back into views."""
+    return torch.split(_cat(As, -2) @ B, [A.shape[-2] for A in As], -2)
+
+
+def _grouped_total(A, Bs, nb):
+    """(_matmul_total(A, B, nb) for B in Bs), as one product."""
+    return torch.split(_matmul_total(A, _cat(Bs, -1), nb), [B.shape[-1] for B in Bs], -1)
+
+
+def _grouped_total_rows(As, B, nb):
+    """(_matmul_total(A, B, nb) for A in As), as one product."""
+    return torch.split(_matmul_total(_cat(As, -2), B, nb), [A.shape[-2] for A in As], -2)
+
+
+def _sum_of_products(As, Bs):
+    """A_1 @ B_1 + ... + A_k @ B_k as the one product [A_1 ... A_k] [B_1; ...; B_k]."""
+    return _cat(As, -1) @ _cat(Bs, -2)
+
 def _full(shape, value, nb, dtype, device):
     if torch.is_tensor(value):  # a per-example scalar: (batch, 1, 1)
         return value.sum(dim=0).expand(shape).clone()
@@ -112,6 +168,14 @@ def _half_sq(E, nb):
     """1/2 ||E||^2, summed over the batch."""
     s = 0.5 * (E * E).sum()
     return s * nb if nb and E.dim() == 2 else s
+
+
+def _loss_total(L, nb, dtype, device):
+    """A scalar loss L summed over the batch, as a 0-d tensor: per example it is a (batch, 1, 1)
+    tensor; a loss that no example changes counts once per example."""
+    if torch.is_tensor(L):
+        return L.sum() if L.dim() == 3 else L.reshape(()) * (nb or 1)
+    return torch.tensor(float(L) * (nb or 1), dtype=dtype, device=device)
 
 
 def _is_scalar(x):
@@ -153,10 +217,28 @@ def _dlayernorm_given(Xhat, inv, B):
     return inv * (B - B.mean(dim=-1, keepdim=True) - Xhat * (Xhat * B).mean(dim=-1, keepdim=True))
 
 
+def _layernorm_stats(A):
+    """(layernorm(A), its row means, its rows' 1/sigma): the forward, kept for the backward."""
+    return torch.ops.aten.native_layer_norm(A, A.shape[-1:], None, None, 1e-5)
+
+
+def _dlayernorm_stats(A, B, mean, rstd):
+    """dlayernorm(A, B) from the statistics of layernorm(A): torch's fused layer-norm backward."""
+    if A.shape != B.shape:
+        return _dlayernorm(A, B)
+    return torch.ops.aten.native_layer_norm_backward(B, A, A.shape[-1:], mean, rstd, None, None,
+                                                    [True, False, False])[0]
+
+
 def _dlayernorm(A, B):
-    """layernorm's Jacobian at A on B (as fdsl.backends.numpy_runtime._dlayernorm)."""
-    Xhat, inv = _layer_parts(A)
-    return _dlayernorm_given(Xhat, inv, B)
+    """layernorm's Jacobian at A on B (as fdsl.backends.numpy_runtime._dlayernorm): torch's fused
+    layer-norm backward (the Jacobian is symmetric), from the row statistics of A."""
+    if A.shape != B.shape:
+        Xhat, inv = _layer_parts(A)
+        return _dlayernorm_given(Xhat, inv, B)
+    shape = A.shape[-1:]
+    _, mean, rstd = torch.ops.aten.native_layer_norm(A, shape, None, None, 1e-5)
+    return torch.ops.aten.native_layer_norm_backward(B, A, shape, mean, rstd, None, None, [True, False, False])[0]
 
 
 def _ddlayernorm(A, U, B):
@@ -176,6 +258,8 @@ def _gelu(A):
 
 
 def _dgelu(A, B):
+    if A.shape == B.shape:
+        return torch.ops.aten.gelu_backward(B, A)
     return (0.5 * (1.0 + torch.erf(A * 0.7071067811865476)) + A * torch.exp(-0.5 * A * A) * 0.3989422804014327) * B
 
 

@@ -8,6 +8,11 @@ gradient      ``G_W^t``, shaped like W (the dual under the Euclidean metric, by 
               contract ``grad(w, W) = G_W^t``); ``gradient_terms`` keys them by printed name.
 error         E, when the 1-form is ``form(E) = -trace(E^t d(E))``: then ``L = 1/2 ||E||^2`` is the
               loss whose descent direction the gradients are (``error_of``).
+loss          the scalar L whose descent direction the 1-form is, when fdsl can name it
+              (``loss_of``): ``form(E)`` is ``-d(1/2 ||E||^2)``, given as E itself (a matrix: the
+              code computes ``1/2 ||E||^2`` directly), and ``-d(L)`` for a scalar term L (a
+              cross-entropy ``-trace(Y^t logsoftmax(Z))``, any scalar) is given as L. Any other
+              1-form (one already normalised, a sum of forms) has no loss fdsl can name.
 """
 
 from __future__ import annotations
@@ -68,3 +73,23 @@ def error_of(w) -> Optional[Term]:
         return None
     e = last.args[0]
     return e if form(e) is w else None
+
+
+def loss_of(w) -> Optional[Term]:
+    """The loss whose descent direction ``w`` is: E (a matrix, standing for ``1/2 ||E||^2``) when
+    ``w`` is ``form(E)``, the scalar term L when ``w`` is ``-d(L)``, else None (see the module doc)."""
+    e = error_of(w)
+    if e is not None:
+        return e
+    if not isinstance(w, Term):
+        return None
+    c, rest = T.coefficient(w)
+    if c == -1 and rest.op == "d" and rest.args[0].scalar:
+        return rest.args[0]
+    return None
+
+
+def no_loss_note(name: str) -> str:
+    """Why a 1-form has no loss to train with, and what to write instead."""
+    return ("%s is neither form(E) nor -d(L) for a term E or a scalar L, so fdsl cannot name the loss it "
+            "descends (give --form 'form(E)' or --form '-d(L)', or define w = -d(L) in the file)" % name)

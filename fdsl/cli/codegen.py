@@ -19,7 +19,7 @@ def _cmd_codegen(args) -> int:
     from ..backends.numpy_grad import form_named, no_weight
     from ..base.files import atomic_write, target_of
     from ..calculus import forms
-    from ..calculus.gradients import error_of
+    from ..calculus.gradients import loss_of, no_loss_note
     from ..lang.program import load
 
     target_of(args.output)  # a path that cannot be written fails before the work
@@ -29,18 +29,18 @@ def _cmd_codegen(args) -> int:
     if not forms.normal_terms(w):
         raise no_weight(program, name)
     origin = "form %s of %s" % (name, args.file)
-    error = error_of(form_named(program, name))
-    source = gradients_source(w, program.dims, origin, args.target, args.dtype, error)
+    loss = loss_of(form_named(program, name))  # form(E): 1/2 ||E||^2; -d(L): L
+    source = gradients_source(w, program.dims, origin, args.target, args.dtype, loss)
     out = Path(args.output)
     atomic_write(out, lambda tmp: tmp.write_text(source))
     count = len(gradient_terms(w))
-    made = "grads(values)" + (", grads_and_loss(values)" if error is not None else "")
-    if args.target == "torch" and error is not None:
+    made = "grads(values)" + (", grads_and_loss(values)" if loss is not None else "")
+    if args.target == "torch" and loss is not None:
         made += ", loss(values), FdslLoss and Model"
     print("wrote %s: %s for %d weight%s" % (out, made, count, "" if count == 1 else "s"))
-    if args.target == "torch" and error is None:
-        print("note: %s is not form(E) of a term E, so the module has no loss, FdslLoss or Model "
-              "(give --form 'form(E)')" % name)
+    if loss is None:
+        print("note: %s; the module has grads(values) only%s" % (
+            no_loss_note(name), ", no loss, FdslLoss or Model" if args.target == "torch" else ""))
     return 0
 
 

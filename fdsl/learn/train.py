@@ -9,8 +9,8 @@ flow     ``W <- W + lr grad(w, W)`` for every weight W of the 1-form w (``grad``
 loss     ``L = 1/2 ||E||^2`` when w is ``form(E)`` (recognised as the term ``-trace(E^t d(E))``); for
          any other 1-form the size of its gradient, ``|grad| = sqrt(sum_W ||grad(w, W)||^2)``.
 step     one call of the generated code of the normal form (computed and lowered once, before
-         the first step; the same code as ``grad(w)`` and ``fdsl grad``) and one evaluation of E
-         for the loss, then the update of every weight.
+         the first step; the same code as ``grad(w)`` and ``fdsl grad``), which also computes the
+         loss (of a batch of examples too), then the update of every weight.
 
 Two surfaces: ``train(w, steps, lr, every?)`` in a program (``fdsl run examples/train.fd``), which
 trains the program's own values, so later ``eval``/``save``/``grad`` see the trained weights; and
@@ -186,13 +186,11 @@ class Trainer:
         from ..backends.codegen import compile_gradients
         from ..backends.numpy_eval import Evaluator
 
-        fn = compile_gradients(self.normal, self.dims, self.error)
+        named = self.error if self.error is not None else self.objective  # the loss, as loss_of gives it
+        fn = compile_gradients(self.normal, self.dims, named)
         ev = Evaluator(self.values, self.dims, self.origin)  # metric factors and watches share it
-        if self.error is not None:
+        if named is not None:  # L from the sweep of the gradients (summed over a batch)
             grads, loss = fn.with_loss(self.values)
-        elif self.objective is not None:
-            grads = fn(self.values)
-            loss = float(ev.value(self.objective)[0, 0])
         else:
             grads = fn(self.values)
             loss = math.sqrt(sum(float(np.sum(g ** 2)) for g in grads.values()))

@@ -1,0 +1,366 @@
+"""Benchmark of issue 21: training a character-level GPT on fdsl's gradients against PyTorch autograd.
+
+    python bench/training.py                     # the full run, written into BENCHMARKS.md
+    python bench/training.py --steps 50 --rounds 5 --no-write    # a quick look (about a minute)
+    python bench/training.py --compile           # also torch.compile on both sides (minutes)
+
+The model is examples/chargpt.fd (2 pre-LN blocks, 4 causal heads of width 12, width 48, context
+32, GELU MLP of width 192, vocabulary 96, next-character cross-entropy summed over positions and
+the batch, ``w = -d(L)``; 67k parameters), trained on the characters of the repository's README
+(printable ASCII and newline; anything else reads as ``?``). Two implementations, in one process:
+
+- fdsl: the module ``fdsl codegen examples/chargpt.fd --form w --target torch`` writes, its
+  ``Model`` (the weights as parameters, ``forward(X=, Y=)`` the loss through ``FdslLoss``, whose
+  backward hands out the closed-form gradients of the generated sweep). Data are one-hot.
+- autograd: the same model as a PyTorch user writes it (``Reference`` below: ``nn.Embedding``,
+  a fused QKV ``nn.Linear``, ``nn.LayerNorm``, ``F.gelu``, ``F.cross_entropy(reduction="sum")``),
+  with fdsl's weights copied in, so both compute the same function.
+
+It reports (1) the per-step loss of 500 Adam steps in float64 from the same weights on the same
+batches, the largest relative difference of the two losses over every step; (2) the same in
+float32; (3) the time of one float32 training step (zero_grad, forward, backward, Adam step),
+best of ``--rounds`` rounds of ``--inner`` steps, at batch 8 and 64, on one thread, eager (and
+under ``torch.compile`` with ``--compile``), as the ratio fdsl / autograd; (4) the aten calls
+and matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``matmul``) of one float32 step of
+each at batch 64, counted with a ``TorchDispatchMode``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread, set before torch is imported
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import importlib.util  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+torch.set_num_threads(1)
+
+PROGRAM = ROOT / "examples" / "chargpt.fd"
+BLOCKS, HEADS, WIDTH, HEAD, MLP, CONTEXT = 2, 4, 48, 12, 192, 32
+VOCAB = 96  # printable ASCII (32..126), then newline; '?' for anything else
+MARK_BEGIN, MARK_END = "<!-- bench/training.py: begin -->", "<!-- bench/training.py: end -->"
+MATMULS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "addbmm", "dot", "mv")
+
+
+# ---- the text --------------------------------------------------------------------------------
+
+
+def encode(text: str) -> np.ndarray:
+    """Characters to ids 0..95: printable ASCII at ord - 32, newline at 95, anything else '?'."""
+    out = np.empty(len(text), dtype=np.int64)
+    for i, ch in enumerate(text):
+        o = ord(ch)
+        out[i] = 95 if ch == "\n" else (o - 32 if 32 <= o < 127 else ord("?") - 32)
+    return out
+
+
+def decode(ids) -> str:
+    return "".join("\n" if i == 95 else chr(int(i) + 32) for i in ids)
+
+
+def corpus() -> np.ndarray:
+    return encode((ROOT / "README.md").read_text(encoding="utf-8"))
+
+
+def batches(ids: np.ndarray, batch: int, steps: int, seed: int):
+    """``steps`` batches of (inputs, next characters) windows, ids (batch, CONTEXT), seeded."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        starts = rng.integers(0, len(ids) - CONTEXT - 1, size=batch)
+        x = np.stack([ids[s:s + CONTEXT] for s in starts])
+        y = np.stack([ids[s + 1:s + CONTEXT + 1] for s in starts])
+        yield torch.from_numpy(x), torch.from_numpy(y)
+
+
+def one_hot(ids, dtype):
+    return F.one_hot(ids, VOCAB).to(dtype)
+
+
+# ---- fdsl's module ---------------------------------------------------------------------------
+
+
+def fdsl_module(path: Path = None):
+    """The module ``fdsl codegen examples/chargpt.fd --form w --target torch`` writes, imported."""
+    from fdsl.backends.codegen import gradients_source
+    from fdsl.calculus.gradients import loss_of
+    from fdsl.lang.program import load
+
+    program = load(str(PROGRAM))
+    w = program["w"]
+    source = gradients_source(program.normal_form(w), program.dims, "form w of examples/chargpt.fd", "torch",
+                              loss=loss_of(w))
+    if path is None:
+        path = Path(tempfile.mkdtemp()) / "chargpt_torch.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("chargpt_torch", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.compile looks its globals up by the module's name
+    spec.loader.exec_module(module)
+    return module
+
+
+class FdslStep(nn.Module):
+    """fdsl's Model, called with ids as the reference is: the data one-hot."""
+
+    def __init__(self, model, dtype):
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def forward(self, x, y):
+        return self.model(X=one_hot(x, self.dtype), Y=one_hot(y, self.dtype))
+
+
+# ---- the same model, as a PyTorch user writes it ---------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(WIDTH)
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
+        self.proj = nn.Linear(WIDTH, WIDTH, bias=False)
+        self.ln2 = nn.LayerNorm(WIDTH)
+        self.fc1 = nn.Linear(WIDTH, MLP)
+        self.fc2 = nn.Linear(MLP, WIDTH)
+        self.register_buffer("mask", torch.triu(torch.ones(CONTEXT, CONTEXT, dtype=torch.bool), 1))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(WIDTH, dim=2)
+        q, k, v = (z.view(b, t, HEADS, HEAD).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * HEAD ** -0.5
+        att = att.masked_fill(self.mask[:t, :t], float("-inf")).softmax(dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, WIDTH))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Reference(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, WIDTH)
+        self.pos = nn.Parameter(torch.zeros(CONTEXT, WIDTH))
+        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.ln_f = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+
+    def forward(self, x, y):
+        h = self.tok(x) + self.pos[:x.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        logits = self.head(self.ln_f(h))
+        return F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="sum")
+
+
+def copy_weights(model, ref: Reference):
+    """fdsl's weights into the reference (nn.Linear holds W^t; heads side by side in the fused QKV)."""
+    W = {name: p.detach() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        ref.tok.weight.copy_(W["E"])
+        ref.pos.copy_(W["P"])
+        for i, block in enumerate(ref.blocks):
+            q = torch.cat([W["Q_%d_%d" % (i, j)] for j in range(HEADS)], 1)
+            k = torch.cat([W["K_%d_%d" % (i, j)] for j in range(HEADS)], 1)
+            v = torch.cat([W["V_%d_%d" % (i, j)] for j in range(HEADS)], 1)
+            block.qkv.weight.copy_(torch.cat([q, k, v], 1).T)
+            block.proj.weight.copy_(torch.cat([W["O_%d_%d" % (i, j)] for j in range(HEADS)], 0).T)
+            block.ln1.weight.copy_(W["g1_%d" % i][0])
+            block.ln1.bias.copy_(W["b1_%d" % i][0])
+            block.ln2.weight.copy_(W["g2_%d" % i][0])
+            block.ln2.bias.copy_(W["b2_%d" % i][0])
+            block.fc1.weight.copy_(W["W1_%d" % i].T)
+            block.fc1.bias.copy_(W["c1_%d" % i][0])
+            block.fc2.weight.copy_(W["W2_%d" % i].T)
+            block.fc2.bias.copy_(W["c2_%d" % i][0])
+        ref.ln_f.weight.copy_(W["gf"][0])
+        ref.ln_f.bias.copy_(W["bf"][0])
+        ref.head.weight.copy_(W["U"].T)
+
+
+def pair(module, dtype, seed=0):
+    """(fdsl's step module, the reference) with the same weights, in ``dtype``."""
+    model = module.Model(dtype=dtype, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():  # layer norm as torch initialises it: gain 1, bias 0 (others as fdsl draws)
+        for name, p in model.named_parameters():
+            if name[:2] in ("g1", "g2") or name == "gf":
+                p.fill_(1.0)
+            elif name[:2] in ("b1", "b2", "c1", "c2") or name == "bf":
+                p.zero_()
+    ref = Reference().to(dtype)
+    copy_weights(model, ref)
+    return FdslStep(model, dtype), ref
+
+
+# ---- (1), (2): agreement ---------------------------------------------------------------------
+
+
+def agreement(module, ids, dtype, steps, batch, lr=1e-3):
+    """The two losses at every one of ``steps`` Adam steps from the same weights and batches."""
+    ours, ref = pair(module, dtype)
+    opts = [torch.optim.Adam(m.parameters(), lr=lr) for m in (ours, ref)]
+    losses = [[], []]
+    for x, y in batches(ids, batch, steps, seed=1):
+        for k, (m, opt) in enumerate(zip((ours, ref), opts)):
+            opt.zero_grad(set_to_none=True)
+            loss = m(x, y)
+            loss.backward()
+            opt.step()
+            losses[k].append(float(loss.detach()))
+    a, b = np.array(losses[0]), np.array(losses[1])
+    return a, b, float(np.max(np.abs(a - b) / np.abs(b)))
+
+
+# ---- (3), (4): time and counts ---------------------------------------------------------------
+
+
+def step_fn(m, opt):
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = m(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def best_times(steps: dict, x, y, rounds, inner):
+    """Best of ``rounds`` rounds (interleaved) of ``inner`` steps, per step, for each step function."""
+    for s in steps.values():  # warm up (and compile)
+        for _ in range(3):
+            s(x, y)
+    best = {k: float("inf") for k in steps}
+    for _ in range(rounds):
+        for k, s in steps.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                s(x, y)
+            best[k] = min(best[k], (time.perf_counter() - t0) / inner)
+    return best
+
+
+def counts(step, x, y):
+    """(aten calls, matrix products) of one step, counted below autograd (both directions)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = self.products = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            if func.overloadpacket.__name__ in MATMULS:
+                self.products += 1
+            return func(*args, **(kwargs or {}))
+
+    step(x, y)
+    with Count() as c:
+        step(x, y)
+    return c.calls, c.products
+
+
+def timing(module, ids, batch, rounds, inner, compiled, foreach=None):
+    def adam(m):
+        return torch.optim.Adam(m.parameters(), lr=1e-3, foreach=foreach)
+
+    ours, ref = pair(module, torch.float32)
+    steps = {"fdsl": step_fn(ours, adam(ours)), "autograd": step_fn(ref, adam(ref))}
+    if compiled:
+        c_ours, c_ref = pair(module, torch.float32)
+        steps["fdsl compiled"] = step_fn(torch.compile(c_ours), adam(c_ours))
+        steps["autograd compiled"] = step_fn(torch.compile(c_ref), adam(c_ref))
+    x, y = next(batches(ids, batch, 1, seed=2))
+    return best_times(steps, x, y, rounds, inner), {k: counts(steps[k], x, y) for k in ("fdsl", "autograd")}
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=500, help="Adam steps of the agreement runs (default 500)")
+    ap.add_argument("--batch", type=int, default=8, help="batch of the agreement runs (default 8)")
+    ap.add_argument("--rounds", type=int, default=30, help="timing rounds, best taken (default 30)")
+    ap.add_argument("--inner", type=int, default=3, help="steps per timing round (default 3)")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile of both models")
+    ap.add_argument("--foreach", action="store_true", help="Adam(foreach=True) on both sides (the default on "
+                    "CPU is one parameter at a time)")
+    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md as it is")
+    args = ap.parse_args(argv)
+
+    t0 = time.time()
+    module = fdsl_module()
+    ids = corpus()
+    params = sum(p.numel() for p in Reference().parameters())
+    print("examples/chargpt.fd: %d parameters, %d characters of README.md; codegen %.1f s"
+          % (params, len(ids), time.time() - t0), flush=True)
+    lines = []
+
+    def say(s=""):
+        print(s, flush=True)
+        lines.append(s)
+
+    say("Run of %s UTC, torch %s, %s, one thread (`python bench/training.py%s`)."
+        % (datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), torch.__version__,
+           platform.processor() or platform.machine(), " " + " ".join(argv or sys.argv[1:]) if (argv or sys.argv[1:])
+           else ""))
+    say()
+    say("| dtype | Adam steps | batch | first loss | last loss | largest relative difference of the loss, any step |")
+    say("|---|---|---|---|---|---|")
+    for dtype, name in ((torch.float64, "float64"), (torch.float32, "float32")):
+        a, b, diff = agreement(module, ids, dtype, args.steps, args.batch)
+        say("| %s | %d | %d | %.6f / %.6f | %.6f / %.6f | %.2e |" % (name, args.steps, args.batch, a[0], b[0], a[-1],
+                                                                     b[-1], diff))
+    say()
+    say("(fdsl / autograd for the losses.) One float32 training step (zero_grad, forward, backward, Adam%s), "
+        "best of %d rounds of %d steps:" % (" with foreach=True" if args.foreach else "", args.rounds, args.inner))
+    say()
+    say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd | aten calls fdsl / autograd | "
+        "matrix products fdsl / autograd |")
+    say("|---|---|---|---|---|---|---|")
+    for batch in (8, 64):
+        best, counted = timing(module, ids, batch, args.rounds, args.inner, args.compile, args.foreach or None)
+        (cf, pf), (ca, pa) = counted["fdsl"], counted["autograd"]
+        say("| %d | eager | %.2f | %.2f | **%.2f** | %d / %d | %d / %d |" % (
+            batch, best["fdsl"] * 1e3, best["autograd"] * 1e3, best["fdsl"] / best["autograd"], cf, ca, pf, pa))
+        if args.compile:
+            say("| %d | torch.compile | %.2f | %.2f | **%.2f** | | |" % (
+                batch, best["fdsl compiled"] * 1e3, best["autograd compiled"] * 1e3,
+                best["fdsl compiled"] / best["autograd compiled"]))
+    print("%.0f s in all" % (time.time() - t0))
+    if not args.no_write:
+        write(lines)
+    return 0
+
+
+def write(lines):
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text()
+    block = MARK_BEGIN + "\n" + "\n".join(lines) + "\n" + MARK_END
+    if MARK_BEGIN in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + block + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n## Training a character-level GPT (issue 21)\n\n" + block + "\n"
+    path.write_text(text)
+    print("wrote %s" % path.relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Passes over the lowering's statements that do several of them as one, as autograd's kernels do.
+
+Vocabulary
+----------
+statement   ``Stmt(target, code, uses)``: one line of the generated function, the variable it
+            assigns (a group assigns several: ``a, b = ...``) and the variables it reads.
+product     a statement that is one matrix product, ``v = L @ R``, or one summed over the batch
+            of the data, ``v = _matmul_total(L, R, _nb)`` (a weight's gradient); L and R are a
+            variable, its transpose ``x.mT``, or a scaled one in brackets.
+group       products that share an operand, done as one product: ``Z Q_0, ..., Z V_3`` as
+            ``Z [Q_0 ... V_3]`` (``_grouped``: the other operands side by side, the result split
+            back into views), ``A_1 G, A_2 G`` as ``[A_1; A_2] G`` (``_grouped_rows``), and the same
+            for products summed over the batch (``_grouped_total``, ``_grouped_total_rows``).
+sum of      an adjoint accumulated from products, ``G = A_1 R_1 + A_2 R_2 + ...`` (the heads'
+products    ``G_0 Q_0^t + G_1 Q_1^t + ...``), as the one product ``[A_1 ... A_k] [R_1; ...; R_k]``
+            (``_sum_of_products``).
+
+Each pass keeps the meaning of the function: a statement moves only to where every variable it
+reads has its value and before anything reads what it assigns; a variable updated in place
+(``G += ...``) between the two places keeps the statement where it was. The helpers named here
+are in the runtimes (``targets._NUMPY_HELPERS``, ``torch_runtime``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple, Optional
+
+from ..core import terms as T
+
+
+class Stmt(NamedTuple):
+    target: Optional[str]
+    code: str
+    uses: tuple  # the variables read, for deleting them after their last use
+
+
+_OPERAND = r"(\([^()]*\)(?:\.mT)?|[\w.]+)"  # a variable (a view of one), a scaled one in brackets (or its view)
+_PRODUCT = re.compile(r"(\w+) = %s @ %s\Z" % (_OPERAND, _OPERAND))
+_TOTAL = re.compile(r"(\w+) = _matmul_total\(%s, %s, _nb\)\Z" % (_OPERAND, _OPERAND))
+_SUM_HEAD = re.compile(r"(\w+) = ([\w.]+) ([+-]) ([\w.]+)\Z")
+_SUM_MORE = re.compile(r"(\w+) ([+-])= ([\w.]+)\Z")
+
+
+def transposed(expr: str) -> str:
+    """The code of the transpose of the matrix ``expr`` (a variable, its ``.mT`` view, or a
+    bracketed expression)."""
+    if expr.endswith(".mT") and (expr[:-3].isidentifier() or re.fullmatch(r"\([^()]*\)", expr[:-3])):
+        return expr[:-3]
+    return expr + ".mT" if expr.isidentifier() or expr.startswith("(") and expr.endswith(")") else "(%s).mT" % expr
+
+
+def unlet(order: list) -> dict:
+    """Node -> the same node with every ``let`` replaced by its body, for ``order`` (children
+    first, as ``lowering.nodes`` gives them). Rebuilt as they are (``T.renamed``: no law of the
+    constructors applies again), so a subterm that appears both named and inline becomes one."""
+    plain: dict = {}
+    for n in order:
+        if n.op == "let":
+            plain[n] = plain[n.args[0]]
+        elif n.op == "add" and any(a.op == "let" and plain[a].op == "add" for a in n.args):
+            # a residual stream: the run net_{L-1} of a flat sum was named; spliced back, the sum
+            # is the flat one the forward computes (X E + P + heads, not (X E + P) + heads)
+            args: list = []
+            for a in n.args:
+                args.extend(plain[a].args if a.op == "let" and plain[a].op == "add" else (plain[a],))
+            plain[n] = T.renamed(n, tuple(args))
+        elif n.args:
+            plain[n] = T.renamed(n, tuple(plain[a] for a in n.args))
+        else:
+            plain[n] = n
+    return plain
+
+
+def targets(st) -> tuple:
+    """The variables a statement assigns: its target, or every one of a group's (``a, b = ...``)."""
+    head = st.code.split(" = ", 1)[0]
+    if ", " in head and re.fullmatch(r"\w+(, \w+)+", head):
+        return tuple(head.split(", "))
+    return (st.target,)
+
+
+def product_parts(code: str):
+    """(target, "mm" or "total", left, right) of a statement that is one matrix product (summed
+    over the batch: "total"), else None."""
+    m = _PRODUCT.match(code)
+    if m is not None:
+        return m.group(1), "mm", m.group(2), m.group(3)
+    m = _TOTAL.match(code)
+    if m is not None:
+        return m.group(1), "total", m.group(2), m.group(3)
+    return None
+
+
+def _index(body):
+    """(variable -> the statements that assign it, variable -> the statements that read it)."""
+    writes: dict = {}
+    reads: dict = {}
+    for i, st in enumerate(body):
+        for target in targets(st):
+            writes.setdefault(target, []).append(i)
+        for u in st.uses:
+            reads.setdefault(u, []).append(i)
+    return writes, reads
+
+
+def _unchanged(writes, names, lo, hi, own=()) -> bool:
+    """No statement in [lo, hi) but those of ``own`` assigns any of ``names``."""
+    return not any(lo <= w < hi and w not in own for u in names for w in writes.get(u, ()))
+
+
+# ---- a gradient summed over the batch inside its product ------------------------------------------
+
+
+def summed_product(body: list, var: str) -> bool:
+    """Sum a gradient over the batch inside its last product: ``G = A @ B``, read by nothing but
+    the return, becomes ``_matmul_total(A, B, _nb)``, which for a batch is the one product
+    ``[A_1 ... A_b] [B_1; ...; B_b]`` (the examples side by side along the inner axis, as
+    autograd's weight gradients are) instead of b products and a sum. False: left as it is."""
+    defining = [i for i, st in enumerate(body) if st.target == var]
+    if len(defining) != 1 or any(var in st.uses for st in body if st.target != var):
+        return False
+    i = defining[0]
+    parts = product_parts(body[i].code)
+    if parts is None or parts[1] != "mm":
+        return False
+    body[i] = body[i]._replace(code="%s = _matmul_total(%s, %s, _nb)" % (var, parts[2], parts[3]))
+    return True
+
+
+# ---- products that share an operand ---------------------------------------------------------------
+
+
+def group_products(body: list) -> list:
+    """Products that share an operand done as one (see the module doc), largest groups first, one
+    at a time, until no two can be."""
+    while True:
+        found: dict = {}
+        for i, st in enumerate(body):
+            got = product_parts(st.code)
+            if got is not None and got[0] == st.target:
+                _, kind, lhs, rhs = got
+                found.setdefault((kind, "cols", lhs), []).append(i)
+                found.setdefault((kind, "rows", rhs), []).append(i)
+        for (kind, side, shared), members in sorted(found.items(), key=lambda kv: -len(kv[1])):
+            if len(members) < 2:
+                return body
+            grouped = _place_group(body, kind, side, shared, members)
+            if grouped is not None:
+                body = grouped
+                break
+        else:
+            return body
+
+
+def _place_group(body, kind, side, shared, members) -> Optional[list]:
+    writes, reads = _index(body)
+    uses = {i: [u for u in body[i].uses if u not in targets(body[i])] for i in members}
+    if {body[i].target for i in members} & {u for i in members for u in uses[i]}:
+        return None  # one member reads another's result: X (X W)^t beside X W
+    ready = max((w for i in members for u in uses[i] for w in writes.get(u, ()) if w < i), default=-1) + 1
+    for i in members:
+        var = body[i].target
+        if len(writes[var]) != 1:
+            return None
+        first_read = min((r for r in reads.get(var, ()) if r > i), default=len(body))
+        if first_read < ready:
+            return None
+        if not _unchanged(writes, uses[i], min(i, ready), max(i, ready), (i,)):
+            return None  # an operand is updated in place between the two places
+    parts = [product_parts(body[i].code) for i in members]
+    others = [p[3] if side == "cols" else p[2] for p in parts]
+    names = [p[0] for p in parts]
+    helper = {("mm", "cols"): "_grouped", ("mm", "rows"): "_grouped_rows",
+              ("total", "cols"): "_grouped_total", ("total", "rows"): "_grouped_total_rows"}[kind, side]
+    listed = "(%s,)" % ", ".join(others)
+    args = (shared, listed) if side == "cols" else (listed, shared)
+    code = "%s = %s(%s, %s%s)" % (", ".join(names), helper, args[0], args[1], ", _nb" if kind == "total" else "")
+    group = Stmt(names[0], code, tuple(dict.fromkeys(u for i in members for u in uses[i])))
+    keep = [st for i, st in enumerate(body) if i not in set(members)]
+    at = ready - sum(1 for i in members if i < ready)
+    return keep[:at] + [group] + keep[at:]
+
+
+# ---- sums of products ------------------------------------------------------------------------------
+
+
+def group_sums(body: list) -> list:
+    """Every sum accumulated from two or more products, ``G = a + b; G += c; ...`` whose summands
+    are variables that products made for it alone, with those products as one (see the module
+    doc). The sum's other summands stay as they were."""
+    i = 0
+    while i < len(body):
+        grouped = _sum_at(body, i)
+        if grouped is not None:
+            body = grouped
+        i += 1
+    return body
+
+
+def _sum_at(body, head) -> Optional[list]:
+    m = _SUM_HEAD.match(body[head].code)
+    if m is None or m.group(1) != body[head].target:
+        return None
+    var = m.group(1)
+    terms = [("+", m.group(2)), (m.group(3), m.group(4))]
+    end = head + 1
+    while end < len(body):
+        more = _SUM_MORE.match(body[end].code)
+        if more is None or more.group(1) != var:
+            break
+        terms.append((more.group(2), more.group(3)))
+        end += 1
+    writes, reads = _index(body)
+    members = []  # (position in terms, the statement of its product, left, right)
+    for k, (sign, expr) in enumerate(terms):
+        name = expr[:-3] if expr.endswith(".mT") else expr
+        if sign != "+" or not name.isidentifier() or len(writes.get(name, ())) != 1:
+            continue
+        i = writes[name][0]
+        parts = product_parts(body[i].code)
+        if parts is None or parts[1] != "mm" or i >= head or any(not head <= r < end for r in reads.get(name, ())):
+            continue
+        if terms.count((sign, expr)) > 1:
+            continue
+        lhs, rhs = parts[2], parts[3]
+        operands = [u for u in body[i].uses if u != name]
+        if not _unchanged(writes, operands, i, head, (i,)):
+            continue
+        members.append((k, i, lhs, rhs, expr.endswith(".mT")))
+    if len(members) < 2:
+        return None
+    # the products as they were computed (the orientation most of them are read in), the others
+    # transposed, (L R)^t = R^t L^t: a product the lowering computed transposed stays so
+    flip = sum(m[4] for m in members) * 2 > len(members)
+    members = [(k, i, lhs, rhs) if f == flip else (k, i, transposed(rhs), transposed(lhs))
+               for k, i, lhs, rhs, f in members]
+    first = members[0][0]
+    s, taken = var + "_sp", {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
+    while s in taken:
+        s += "_"
+    product = Stmt(s, "%s = _sum_of_products((%s,), (%s,))" % (s, ", ".join(m[2] for m in members),
+                                                                  ", ".join(m[3] for m in members)),
+                   tuple(dict.fromkeys(u for m in members for u in body[m[1]].uses if u != body[m[1]].target)))
+    dropped = {m[0] for m in members[1:]}
+    kept = [(sign, (s + ".mT" if flip else s) if k == first else expr) for k, (sign, expr) in enumerate(terms)
+            if k not in dropped]
+    chain = []
+    if len(kept) == 1:
+        chain.append(Stmt(var, "%s = %s" % (var, kept[0][1]), (s,)))
+    else:
+        (_, a), (sign_b, b) = kept[0], kept[1]
+        chain.append(Stmt(var, "%s = %s %s %s" % (var, a, sign_b, b), _names(a, b)))
+        chain += [Stmt(var, "%s %s= %s" % (var, sign, x), (var,) + _names(x)) for sign, x in kept[2:]]
+    gone = {m[1] for m in members}
+    before = [st for i, st in enumerate(body[:head]) if i not in gone]
+    return before + [product] + chain + body[end:]
+
+
+def _names(*exprs) -> tuple:
+    return tuple(e[:-3] if e.endswith(".mT") else e for e in exprs)
+
+
+# ---- products of two batches -----------------------------------------------------------------------
+
+
+def batched_products(body: list, batched: set) -> list:
+    """``v = L @ R`` with both sides computed from the data (``batched``: their variables) as
+    ``_bmm(L, R)``: torch's ``bmm`` when both are batches at run time (``@`` on two batches
+    expands, reshapes and views around its bmm, five dispatched calls for one), else ``@``."""
+    out = []
+    for st in body:
+        parts = product_parts(st.code)
+        if parts is not None and parts[1] == "mm" and all(
+                set(re.findall(r"[A-Za-z_]\w*", side)) - {"mT"} <= batched for side in parts[2:]):
+            st = st._replace(code="%s = _bmm(%s, %s)" % (parts[0], parts[2], parts[3]))
+        out.append(st)
+    return out

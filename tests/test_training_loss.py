@@ -1,0 +1,344 @@
+"""Issue 21: any scalar loss trains (``w = -d(L)`` gets ``loss``, ``grads_and_loss``, ``FdslLoss``
+and ``Model``, numpy and torch, and ``fdsl train`` takes batches of it), named and natural
+spellings compute the same work, once, and the lowering's rules for training speed (let names
+looked through, fused torch kernels, products sharing an operand as one product, a gradient summed
+over the batch inside its product, batches folded on the left) each hold. Float64; gradients
+against the numpy module of the same form and torch autograd."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from oracle import symbol_values
+
+import fdsl
+from fdsl.backends import codegen, numpy_grad
+from fdsl.backends.numpy_eval import evaluate
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _import(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rel(got: dict, want: dict) -> float:
+    scale = max(float(np.max(np.abs(w))) for w in want.values())
+    return max(float(np.max(np.abs(np.asarray(got[k]) - want[k]))) for k in want) / scale
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return fdsl.load(ROOT / "examples" / "gpt.fd")
+
+
+def _batch(values: dict) -> dict:
+    """Two examples: the tokens of examples/gpt_tokens.npz, and the same read backwards."""
+    out = dict(values)
+    out["X"] = np.stack([values["X"], values["X"][::-1]])
+    out["Y"] = np.stack([values["Y"], values["Y"][::-1]])
+    return out
+
+
+def _one(values: dict, b: int) -> dict:
+    out = dict(values)
+    out["X"], out["Y"] = values["X"][b], values["Y"][b]
+    return out
+
+
+# ---- any scalar loss trains ----------------------------------------------------------------------
+
+
+def test_a_cross_entropy_gets_loss_and_model_from_the_torch_target(gpt, tmp_path, run_fdsl):
+    r = run_fdsl("codegen", ROOT / "examples" / "gpt.fd", "--form", "w", "--target", "torch", "-o", tmp_path / "m.py")
+    assert r.returncode == 0, r.stderr
+    assert "loss(values), FdslLoss and Model for 39 weights" in r.stdout and "note" not in r.stdout
+    module = _import(tmp_path / "m.py", "gpt_torch_loss")
+    values = symbol_values(gpt, gpt["L"])
+    want = numpy_grad.gradients(gpt, gpt["w"], values)  # -dL/dW
+    for batch in (False, True):
+        vals = _batch(values) if batch else values
+        t = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in vals.items()}
+        weights = [k for k in t if k in module.WEIGHTS]  # the scalar weights tau_0, tau_1 too
+        for k in weights:
+            t[k].requires_grad_(True)
+        loss = module.loss(t)
+        loss.backward()
+        if batch:  # summed over the batch: the loss and gradients of the two examples, added
+            ones = [_one(vals, b) for b in range(2)]
+            want_loss = sum(float(evaluate(gpt["L"], v, gpt.dims)[0, 0]) for v in ones)
+            grads = [numpy_grad.gradients(gpt, gpt["w"], v) for v in ones]
+            want_b = {k: grads[0][k] + grads[1][k] for k in grads[0]}
+        else:
+            want_loss, want_b = float(evaluate(gpt["L"], vals, gpt.dims)[0, 0]), want
+        assert abs(float(loss.detach()) - want_loss) <= 1e-12 * abs(want_loss)
+        got = {k: -t[k].grad.numpy() for k in weights}
+        assert _rel(got, {k: want_b[k] for k in weights}) <= 1e-12
+        with torch.no_grad():
+            g, value = module.grads_and_loss(t)  # the same sweep gives both
+        assert abs(float(value) - want_loss) <= 1e-12 * abs(want_loss)
+    model = module.Model(weights={k: values[k] for k in module.WEIGHTS})  # today's constructor
+    assert abs(float(model(X=torch.tensor(values["X"]), Y=torch.tensor(values["Y"])).detach())
+               - float(evaluate(gpt["L"], values, gpt.dims)[0, 0])) <= 1e-10
+
+
+def test_the_numpy_module_of_a_cross_entropy_has_grads_and_loss(gpt, tmp_path, run_fdsl):
+    r = run_fdsl("codegen", ROOT / "examples" / "gpt.fd", "--form", "w", "-o", tmp_path / "n.py")
+    assert r.returncode == 0, r.stderr
+    assert "grads(values), grads_and_loss(values) for 39 weights" in r.stdout
+    module = _import(tmp_path / "n.py", "gpt_numpy_loss")
+    values = symbol_values(gpt, gpt["L"])
+    for vals in (values, _batch(values)):
+        g, value = module.grads_and_loss(vals)
+        ones = [vals] if np.ndim(vals["X"]) == 2 else [_one(vals, b) for b in range(2)]
+        want = sum(float(evaluate(gpt["L"], v, gpt.dims)[0, 0]) for v in ones)
+        assert abs(value - want) <= 1e-12 * abs(want)
+        assert _rel(g, numpy_grad.gradients(gpt, gpt["w"], vals)) <= 1e-12
+
+
+def test_a_form_that_is_not_the_differential_of_a_named_loss_says_so(tmp_path, run_fdsl):
+    r = run_fdsl("codegen", ROOT / "examples" / "gpt.fd", "--form", "g", "--target", "torch", "-o", tmp_path / "g.py")
+    assert r.returncode == 0, r.stderr
+    assert "note: g is neither form(E) nor -d(L)" in r.stdout and "no loss, FdslLoss or Model" in r.stdout
+    assert "class Model" not in (tmp_path / "g.py").read_text()
+
+
+def test_fdsl_train_of_a_cross_entropy_takes_a_batch(gpt, tmp_path, run_fdsl):
+    # examples/gpt.fd up to w = -d(L), its weights at random; the tokens a batch of two (before,
+    # the loss was evaluated by the interpreter, which takes one example: exit 2)
+    (tmp_path / "gpt.fd").write_text((ROOT / "examples" / "gpt.fd").read_text().split("g = backprop")[0]
+                                     + "random 0\n")
+    values = _batch(symbol_values(gpt, gpt["L"]))
+    np.savez(tmp_path / "batch.npz", X=values["X"], Y=values["Y"])
+    r = run_fdsl("train", tmp_path / "gpt.fd", "--form", "w", "--values", tmp_path / "batch.npz",
+                 "--steps", "10", "--lr", "0.02", "--every", "5")
+    assert r.returncode == 0, r.stderr
+    losses = [float(line.split()[-1]) for line in r.stdout.splitlines() if line.startswith("step")]
+    want = sum(float(evaluate(gpt["L"], _one(values, b), gpt.dims)[0, 0]) for b in range(2))
+    assert abs(losses[0] - want) <= 1e-5 * want, (losses, want)  # the summed loss, as printed
+    assert losses[-1] < losses[0]
+
+
+# ---- the work of one call: named and natural, forward and one backward ------------------------------
+
+
+class _Count:
+    """The aten calls of a block of torch code, by name."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts = self.counts = Counter()
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counts[func.overloadpacket.__name__] += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+    def products(self) -> int:
+        return sum(self.counts[k] for k in ("mm", "bmm", "addmm", "baddbmm", "matmul"))
+
+
+def _spelled(how: str):
+    source = (ROOT / "examples" / "gpt.fd").read_text()
+    if how == "natural":
+        source = source.replace("gpt(L) := mlp", "gpt(L) = mlp")
+    return fdsl.parse(source, base_dir=ROOT / "examples")
+
+
+@pytest.fixture(scope="module")
+def counted():
+    """aten counts of one torch grads_and_loss call of gpt.fd, named and natural, and of torch
+    autograd's forward and backward of the same loss (tests/test_transformer.py's torch_gpt)."""
+    from test_transformer import torch_gpt
+
+    out = {}
+    for how in ("named", "natural"):
+        p = _spelled(how)
+        w = p["w"]
+        ns = codegen.compile_namespace(codegen.gradients_source(numpy_grad.normal_form(p, w), p.dims, target="torch",
+                                                                loss=fdsl.calculus.gradients.loss_of(w)))
+        values = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in symbol_values(p, p["L"]).items()}
+        ns["grads_and_loss"](values)
+        with _Count() as c:
+            ns["grads_and_loss"](values)
+        out[how] = c
+    leaves = {k: v.clone().requires_grad_(True) for k, v in values.items()}
+    with _Count() as c:
+        torch_gpt(leaves, 2, 2, 4).backward()
+    out["autograd"] = c
+    return out
+
+
+def test_named_and_natural_spellings_do_the_same_work(counted):
+    named, natural = counted["named"].counts, counted["natural"].counts
+    for op in ("_softmax", "_log_softmax", "native_layer_norm", "native_layer_norm_backward",
+               "_softmax_backward_data", "gelu", "gelu_backward"):
+        assert named[op] == natural[op], (op, named[op], natural[op])
+    assert counted["named"].products() == counted["natural"].products()
+
+
+def test_one_call_does_what_the_forward_and_one_backward_need(counted):
+    got, auto = counted["named"].counts, counted["autograd"].counts
+    # 2 blocks x 2 heads of attention, and the softmax of the logits that cross-entropy's backward
+    # needs beside the log-softmax of the loss; a layer norm at each of its 5 places, forward
+    # and backward; a GELU per block, forward and backward
+    assert got["_softmax"] == 5 and got["_log_softmax"] == 1
+    assert got["native_layer_norm"] == 5 and got["native_layer_norm_backward"] == 5
+    assert got["gelu"] == 2 and got["gelu_backward"] == 2
+    assert got["_softmax_backward_data"] == auto["_softmax_backward_data"] + 4  # and tau's 4: aa(S, scores)
+    assert counted["named"].products() <= counted["autograd"].products(), (counted["named"].products(),
+                                                                           counted["autograd"].products())
+
+
+# ---- the lowering's rules, one by one ---------------------------------------------------------------
+
+
+def _body(source: str) -> str:
+    return source.split("def grads(")[1]
+
+
+def test_let_names_are_looked_through(tmp_path):
+    # layernorm(Z) with Z named and the same body inline: one layer norm, not two
+    p = fdsl.parse("dim n = 4, d = 3\nconst X : n x d\nweight W : d x d\nZ := X W\n"
+                   "A = layernorm(Z)\nB = layernorm(X W) W\n")
+    body = _body(codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims).source("test"))
+    assert body.count("_layernorm(") + body.count("layer_norm(") == 1, body
+
+
+def test_products_that_share_an_operand_are_one_product():
+    p = fdsl.parse("dim n = 6, d = 4, k = 3\nconst X : n x d\nweight Q, K : d x k\nA = X Q\nB = X K\n"
+                   "R = Q^t X^t\nS = K^t X^t\n")
+    rng = np.random.default_rng(0)
+    vals = {"X": rng.standard_normal((6, 4)), "Q": rng.standard_normal((4, 3)), "K": rng.standard_normal((4, 3))}
+    for target in ("numpy", "torch"):
+        lowering = codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims, target)
+        source = lowering.source("test")
+        # outputs are gradients: summed over a batch inside the one product
+        assert "_grouped_total(X, (Q, K,), _nb)" in _body(source) and " @ " not in _body(source), _body(source)
+        ns = codegen.compile_namespace(source)
+        got = ns["grads"]({k: torch.tensor(v) for k, v in vals.items()} if target == "torch" else vals)
+        assert np.allclose(np.asarray(got["A"]), vals["X"] @ vals["Q"]) and np.allclose(np.asarray(got["B"]),
+                                                                                         vals["X"] @ vals["K"])
+    source = codegen.Lowering({"R": p["R"], "S": p["S"]}, p.dims).source("test")  # a shared right side
+    assert "_grouped_total_rows(" in _body(source), _body(source)
+    got = codegen.compile_namespace(source)["grads"](vals)
+    assert np.allclose(got["R"], vals["Q"].T @ vals["X"].T) and np.allclose(got["S"], vals["K"].T @ vals["X"].T)
+
+
+def test_a_product_whose_operand_is_updated_in_place_is_not_moved():
+    # G = X W + X V is accumulated in place (G += ...): grouping X W with a later X U must not
+    # read a value of G's operands from after the update
+    p = fdsl.parse("dim n = 5, d = 4\nconst X : n x d\nweight W, V, U : d x d\n"
+                   "G = X W + X V\nH = (X W + X V) U\nK = X U\n")
+    rng = np.random.default_rng(2)
+    vals = {k: rng.standard_normal((5, 4) if k == "X" else (4, 4)) for k in "XWVU"}
+    got = codegen.compile_namespace(codegen.Lowering({"H": p["H"], "K": p["K"], "G": p["G"]}, p.dims)
+                                    .source("test"))["grads"](vals)
+    g = vals["X"] @ vals["W"] + vals["X"] @ vals["V"]
+    assert np.allclose(got["G"], g) and np.allclose(got["H"], g @ vals["U"]) and np.allclose(got["K"],
+                                                                                            vals["X"] @ vals["U"])
+
+
+def test_a_gradient_is_summed_over_the_batch_inside_its_product():
+    p = fdsl.parse("dim n = 6, d = 4, k = 3\nconst X : n x d, Y : n x k\nweight W : d x k\nG = X^t Y\nH = X^t X W\n")
+    rng = np.random.default_rng(1)
+    vals = {"X": rng.standard_normal((5, 6, 4)), "Y": rng.standard_normal((5, 6, 3)), "W": rng.standard_normal((4, 3))}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"G": p["G"], "H": p["H"]}, p.dims, target).source("test")
+        assert "_matmul_total(" in _body(source) or "_grouped_total" in _body(source), _body(source)
+        assert "_total(t" not in _body(source).replace("_matmul_total(", "").replace("_grouped_total", "")
+        ns = codegen.compile_namespace(source)
+        got = ns["grads"]({k: torch.tensor(v) for k, v in vals.items()} if target == "torch" else vals)
+        want_g = sum(vals["X"][b].T @ vals["Y"][b] for b in range(5))
+        want_h = sum(vals["X"][b].T @ vals["X"][b] @ vals["W"] for b in range(5))
+        assert np.allclose(np.asarray(got["G"]), want_g) and np.allclose(np.asarray(got["H"]), want_h)
+
+
+def test_torch_folds_a_batch_on_the_left_of_a_product():
+    # K^t X^t with X a batch: torch computes (X K)^t, one matrix product; numpy as written
+    p = fdsl.parse("dim n = 6, d = 4, k = 3\nconst X : n x d\nweight K : d x k\nA = m(K^t X^t)\n")
+    torch_body = _body(codegen.Lowering({"A": p["A"]}, p.dims, "torch").source("test"))
+    numpy_body = _body(codegen.Lowering({"A": p["A"]}, p.dims, "numpy").source("test"))
+    assert "= X @ K" in torch_body and "= X @ K" not in numpy_body, (torch_body, numpy_body)
+    rng = np.random.default_rng(3)
+    vals = {"X": rng.standard_normal((2, 6, 4)), "K": rng.standard_normal((4, 3))}
+    got = codegen.compile_namespace(codegen.Lowering({"A": p["A"]}, p.dims, "torch").source("test"))["grads"](
+        {k: torch.tensor(v) for k, v in vals.items()})
+    assert np.allclose(got["A"].numpy(), sum(np.maximum(vals["K"].T @ vals["X"][b].T, 0) for b in range(2)))
+
+
+def test_the_chargpt_trains_in_step_with_the_model_pytorch_users_write():
+    # bench/training.py's two models, a few Adam steps: float64 losses to 1e-10 at every step
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import training
+    finally:
+        sys.path.pop(0)
+    module = training.fdsl_module(None)
+    ids = training.corpus()
+    ours, theirs, diff = training.agreement(module, ids, torch.float64, 4, 2)
+    assert diff <= 1e-10, (ours, theirs)
+    assert ours[-1] < ours[0]
+
+
+def test_a_hadamard_factor_of_equal_rows_is_broadcast():
+    # (X W) * (C g): g times every row, not the n x d matrix C g made by a product first
+    p = fdsl.parse("dim n = 5, d = 3\nconst X : n x d\nconst C : n x 1 = ones\nweight g : 1 x d, W : d x d\n"
+                   "A = (X W) * (C g)\nB = (X W)^t * (C g)^t\n")
+    rng = np.random.default_rng(4)
+    vals = {"X": rng.standard_normal((5, 3)), "W": rng.standard_normal((3, 3)), "g": rng.standard_normal((1, 3))}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims, target).source("test")
+        assert "C @" not in _body(source) and "C.mT" not in _body(source) and "(C," not in _body(source), _body(source)
+        got = codegen.compile_namespace(source)["grads"]({k: torch.tensor(v) for k, v in vals.items()}
+                                                         if target == "torch" else vals)
+        want = (vals["X"] @ vals["W"]) * vals["g"]
+        assert np.allclose(np.asarray(got["A"]), want) and np.allclose(np.asarray(got["B"]), want.T)
+
+
+def test_a_sum_of_products_is_one_product():
+    # X A U + X B V (the heads' adjoints G_0 Q_0^t + G_1 Q_1^t + ... are such sums): [X A, X B] [U; V]
+    p = fdsl.parse("dim n = 5, d = 4, k = 3\nconst X : n x d\nweight A, B : d x k, U, V : k x d\n"
+                   "G = m(X A U + X B V + X)\n")
+    rng = np.random.default_rng(5)
+    vals = {"X": rng.standard_normal((2, 5, 4)), **{k: rng.standard_normal((4, 3)) for k in "AB"},
+            **{k: rng.standard_normal((3, 4)) for k in "UV"}}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"G": p["G"]}, p.dims, target).source("test")
+        assert "_sum_of_products(" in _body(source), _body(source)
+        got = codegen.compile_namespace(source)["grads"]({k: torch.tensor(v) for k, v in vals.items()}
+                                                         if target == "torch" else vals)
+        want = sum(np.maximum(x @ vals["A"] @ vals["U"] + x @ vals["B"] @ vals["V"] + x, 0) for x in vals["X"])
+        assert np.allclose(np.asarray(got["G"]), want)
+
+
+def test_torch_multiplies_two_batches_with_one_bmm():
+    # (X W) X^t with X a batch: torch.bmm, not matmul's expand, reshape and view around it
+    p = fdsl.parse("dim n = 5, d = 3\nconst X : n x d\nweight W : d x d\nA = m(X W X^t)\n")
+    source = codegen.Lowering({"A": p["A"]}, p.dims, "torch").source("test")
+    assert "_bmm(" in _body(source), _body(source)
+    assert "_bmm(" not in _body(codegen.Lowering({"A": p["A"]}, p.dims, "numpy").source("test"))
+    rng = np.random.default_rng(6)
+    X, W = rng.standard_normal((3, 5, 3)), rng.standard_normal((3, 3))
+    grads = codegen.compile_namespace(source)["grads"]
+    for x in (X, X[0]):  # a batch, and one example (then @)
+        got = grads({"X": torch.tensor(x), "W": torch.tensor(W)})["A"].numpy()
+        want = sum(np.maximum(e @ W @ e.T, 0) for e in (x if x.ndim == 3 else [x]))
+        assert np.allclose(got, want)
