@@ -174,7 +174,14 @@ class Trainer:
         ev = Evaluator(self.values, self.dims, self.origin)
         for target in cross_entropy_targets(self.objective):
             try:
-                check_distribution(short(target), ev.value(target))
+                name = target.data[0].printed() if target.op == "sym" else None
+                if name is not None and name in self.values:  # the array itself: a batch of examples too
+                    y = self.values[name]
+                elif getattr(self.values, "batched", False):
+                    continue  # eval takes one example; the check holds on the symbols of a batch
+                else:
+                    y = ev.value(target)
+                check_distribution(short(target), y)
             except FdslError as e:
                 if self.drawn:
                     e.message += "; note: " + self.drawn
