@@ -385,6 +385,12 @@ CASES = [
     # ---- 8. cheap tracebacks -----------------------------------------------------------------------
     Case("eye-of-minus-one", {"p.fd": "show eval(eye(-1))\n"}, ["run", "p.fd"],
          message=r"^p\.fd:1:11: a size is a whole number of at least 1, not -1$"),
+    Case("train-steps-1e15", {"p.fd": HEAD + "random 0\nw = form(X - W)\ne = train(w, 10^15, 0.1, 1)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:6:5: the number of steps must be at most 10000000"),
+    Case("gaussnewton-unreachable", {"p.fd": HEAD + "E := X - W\nmetric gaussnewton(E, 0, 1e-300, 10^15)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:5:26: the tolerance must be a number between 1e-15"),
+    Case("gaussnewton-iterations-1e15", {"p.fd": HEAD + "E := X - W\nmetric gaussnewton(E, 0, 1e-10, 10^15)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:5:33: the iteration limit must be between 1 and 1000000"),
     Case("nul-in-a-save-path-on-the-repl", {}, ["repl"], stdin=HEAD.encode() + b'random 0\nsave "a\x00b.npz" X\n',
          progress=True, message=r"(binary|NUL)"),
 ]
