@@ -265,7 +265,8 @@ CASES = [
     Case("rules-proc-environ", {"p.fd": 'rules "/proc/self/environ"\n'}, ["run", "p.fd"],
          message=r"^p\.fd:1:1: cannot read this rule file: it is a file of the system \(/proc\).*not shown$"),
     Case("import-proc-environ", {"p.fd": 'rules "r.rules"\n', "r.rules": 'import "/proc/self/environ"\n'},
-         ["run", "p.fd"], message=r"cannot read this rule file: it is a file of the system \(/proc\)"),
+         ["run", "p.fd"], message=r"^r\.rules:1:1: /proc/self/environ: cannot read this rule file: it is a file of "
+                                  r"the system \(/proc\)"),
     Case("rules-link-to-proc", {"p.fd": 'rules "e.rules"\n'}, ["run", "p.fd"], links={"e.rules": "/proc/self/environ"},
          message=r"^p\.fd:1:1: cannot read this rule file: it is a file of the system \(/proc\)"),
     Case("program-proc-environ", {}, ["run", "/proc/self/environ"],
