@@ -317,7 +317,7 @@ CASES = [
          message=r"^ro\.npz: cannot write this file: it is read-only"),
     Case("repl-diagram-over-the-loaded-program", {"p.fd": HEAD}, ["repl"],
          stdin=b":load p.fd\n:diagram X -o p.fd\nshow 1 + 1\n",
-         message=r"p\.fd: cannot write this file: it is one of this command's inputs", progress=True,
+         message=r"p\.fd: cannot write this file: it is one of this command's inputs", progress=True, stdout=r"^2$",
          check=lambda d: _unchanged(d / "p.fd", HEAD)),
     # ---- 4. writes only inside the program's folder ------------------------------------------------
     Case("save-dot-dot", {"p.fd": HEAD + 'random 0\nsave "../../outside/a/b/x.npz" X\n'}, ["run", "p.fd"],
@@ -334,7 +334,7 @@ CASES = [
     Case("diagram-out", {"p.fd": HEAD + 'show diagram(X, "../x.svg")\n'}, ["run", "p.fd"],
          message=r"^p\.fd:4:6: cannot write '\.\./x\.svg': '\.\.' leads out"),
     Case("repl-diagram-out", {}, ["repl"], stdin=HEAD.encode() + b":diagram X -o ../x.svg\nshow 1 + 1\n",
-         message=r"cannot write '\.\./x\.svg': '\.\.' leads out", progress=True),
+         message=r"cannot write '\.\./x\.svg': '\.\.' leads out", progress=True, stdout=r"^2$"),
     Case("save-into-new-folders-then-fail", {"p.fd": HEAD + 'random 0\nsave "a/b/g.npz" X\nsave "c/h.npz" X\n'
                                                            'show Y\n'}, ["run", "p.fd"],
          message=r"^p\.fd:7:6: unknown name 'Y'", absent=("a", "c")),
@@ -350,7 +350,7 @@ CASES = [
          message=r"\\x1b\[2J"),
     Case("escape-on-the-repl", {}, ["repl"], stdin=b"show \"\x1b]0;title\x07\"\nshow Z\x1b[2J\n", progress=True,
          message=r"^<stdin>:2:7: unexpected character '\\x1b'"),
-    Case("repl-invalid-utf8", {}, ["repl"], stdin=b"show \xff\xfe\nshow 1 + 1\n", progress=True,
+    Case("repl-invalid-utf8", {}, ["repl"], stdin=b"show \xff\xfe\nshow 1 + 1\n", progress=True, stdout=r"^2$",
          message=r"^<stdin>:1:6: unexpected character", check=lambda d: None),
     Case("csv-formula-labels", {"p.fd": HEAD + "w = form(X - W)\n"},
          ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "2", "--lr", "0.1", "--watch",
@@ -501,6 +501,8 @@ def test_hostile_input(results, case):
             assert len(lines) == 1 or (len(lines) == 3 and lines[2].strip() == "^"), err[:2000]
         if not case.progress:
             assert proc.stdout == "", "a failing program printed: %r" % proc.stdout[:200]
+        elif case.stdout:  # the repl went on after the refusal
+            assert re.search(case.stdout, proc.stdout, re.M), proc.stdout[:500]
     else:
         assert err == "", err[-2000:]
         assert re.search(case.stdout, proc.stdout, re.M), proc.stdout[:500]
