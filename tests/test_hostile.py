@@ -265,7 +265,8 @@ CASES = [
     Case("rules-proc-environ", {"p.fd": 'rules "/proc/self/environ"\n'}, ["run", "p.fd"],
          message=r"^p\.fd:1:1: cannot read this rule file: it is a file of the system \(/proc\).*not shown$"),
     Case("import-proc-environ", {"p.fd": 'rules "r.rules"\n', "r.rules": 'import "/proc/self/environ"\n'},
-         ["run", "p.fd"], message=r"cannot read this rule file: it is a file of the system \(/proc\)"),
+         ["run", "p.fd"], message=r"^r\.rules:1:1: /proc/self/environ: cannot read this rule file: it is a file of "
+                                  r"the system \(/proc\)"),
     Case("rules-link-to-proc", {"p.fd": 'rules "e.rules"\n'}, ["run", "p.fd"], links={"e.rules": "/proc/self/environ"},
          message=r"^p\.fd:1:1: cannot read this rule file: it is a file of the system \(/proc\)"),
     Case("program-proc-environ", {}, ["run", "/proc/self/environ"],
@@ -316,7 +317,7 @@ CASES = [
          message=r"^ro\.npz: cannot write this file: it is read-only"),
     Case("repl-diagram-over-the-loaded-program", {"p.fd": HEAD}, ["repl"],
          stdin=b":load p.fd\n:diagram X -o p.fd\nshow 1 + 1\n",
-         message=r"p\.fd: cannot write this file: it is one of this command's inputs", progress=True,
+         message=r"p\.fd: cannot write this file: it is one of this command's inputs", progress=True, stdout=r"^2$",
          check=lambda d: _unchanged(d / "p.fd", HEAD)),
     # ---- 4. writes only inside the program's folder ------------------------------------------------
     Case("save-dot-dot", {"p.fd": HEAD + 'random 0\nsave "../../outside/a/b/x.npz" X\n'}, ["run", "p.fd"],
@@ -333,7 +334,7 @@ CASES = [
     Case("diagram-out", {"p.fd": HEAD + 'show diagram(X, "../x.svg")\n'}, ["run", "p.fd"],
          message=r"^p\.fd:4:6: cannot write '\.\./x\.svg': '\.\.' leads out"),
     Case("repl-diagram-out", {}, ["repl"], stdin=HEAD.encode() + b":diagram X -o ../x.svg\nshow 1 + 1\n",
-         message=r"cannot write '\.\./x\.svg': '\.\.' leads out", progress=True),
+         message=r"cannot write '\.\./x\.svg': '\.\.' leads out", progress=True, stdout=r"^2$"),
     Case("save-into-new-folders-then-fail", {"p.fd": HEAD + 'random 0\nsave "a/b/g.npz" X\nsave "c/h.npz" X\n'
                                                            'show Y\n'}, ["run", "p.fd"],
          message=r"^p\.fd:7:6: unknown name 'Y'", absent=("a", "c")),
@@ -349,7 +350,7 @@ CASES = [
          message=r"\\x1b\[2J"),
     Case("escape-on-the-repl", {}, ["repl"], stdin=b"show \"\x1b]0;title\x07\"\nshow Z\x1b[2J\n", progress=True,
          message=r"^<stdin>:2:7: unexpected character '\\x1b'"),
-    Case("repl-invalid-utf8", {}, ["repl"], stdin=b"show \xff\xfe\nshow 1 + 1\n", progress=True,
+    Case("repl-invalid-utf8", {}, ["repl"], stdin=b"show \xff\xfe\nshow 1 + 1\n", progress=True, stdout=r"^2$",
          message=r"^<stdin>:1:6: unexpected character", check=lambda d: None),
     Case("csv-formula-labels", {"p.fd": HEAD + "w = form(X - W)\n"},
          ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "2", "--lr", "0.1", "--watch",
@@ -385,6 +386,12 @@ CASES = [
     # ---- 8. cheap tracebacks -----------------------------------------------------------------------
     Case("eye-of-minus-one", {"p.fd": "show eval(eye(-1))\n"}, ["run", "p.fd"],
          message=r"^p\.fd:1:11: a size is a whole number of at least 1, not -1$"),
+    Case("train-steps-1e15", {"p.fd": HEAD + "random 0\nw = form(X - W)\ne = train(w, 10^15, 0.1, 1)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:6:5: the number of steps must be at most 10000000"),
+    Case("gaussnewton-unreachable", {"p.fd": HEAD + "E := X - W\nmetric gaussnewton(E, 0, 1e-300, 10^15)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:5:26: the tolerance must be a number between 1e-15"),
+    Case("gaussnewton-iterations-1e15", {"p.fd": HEAD + "E := X - W\nmetric gaussnewton(E, 0, 1e-10, 10^15)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:5:33: the iteration limit must be between 1 and 1000000"),
     Case("nul-in-a-save-path-on-the-repl", {}, ["repl"], stdin=HEAD.encode() + b'random 0\nsave "a\x00b.npz" X\n',
          progress=True, message=r"(binary|NUL)"),
 ]
@@ -494,6 +501,8 @@ def test_hostile_input(results, case):
             assert len(lines) == 1 or (len(lines) == 3 and lines[2].strip() == "^"), err[:2000]
         if not case.progress:
             assert proc.stdout == "", "a failing program printed: %r" % proc.stdout[:200]
+        elif case.stdout:  # the repl went on after the refusal
+            assert re.search(case.stdout, proc.stdout, re.M), proc.stdout[:500]
     else:
         # a success says nothing on stderr but the notes it means to say (training on data that
         # --random drew: issue 22)

@@ -107,9 +107,12 @@ def test_program_displays_declarations_and_definitions(p):
     assert "# comment" not in text and "sizes; a dim" not in text  # comments are not part of it
     html = p._repr_html_()
     assert "<pre>" in html and "encoder(L) = layer(L-1, encoder(L-1))" in html
-    # a program shown after a redefinition lists what is in force, each once
-    q = fdsl.parse("dim n = 2\nconst A : n x n\nB = A\nB = A A; C := B^t")
+    # a program shown after a redefinition (in a later text, as a notebook cell: within one text
+    # it is an error) lists what is in force, each once
+    q = fdsl.parse("dim n = 2\nconst A : n x n\nB = A\n")
+    q.feed("B = A A; C := B^t")
     assert str(q).splitlines()[-2:] == ["B = A A", "C := B^t"]
+    assert q.notes == ["B redefined (it was defined at <string>:3)"]
     # the display reads back as the same program
     again = fdsl.parse(str(p))
     assert again["E"] is p["E"]

@@ -363,3 +363,18 @@ def test_equal_summands_of_an_adjoint_are_merged():
     expanded = fdsl.backends.numpy_grad.gradients(program, program.apply_rules("expanded", program.definitions["w"]))
     for name in merged:
         assert np.allclose(merged[name], expanded[name], rtol=1e-12, atol=1e-14)
+
+
+def test_the_number_of_columns_prints_as_its_dim():
+    program = fdsl.parse("dim n = 3, h = 4\nconst X : n x h\nweight W : h x h\n"
+                         "E := X - rowmean(X W) ones(1, h)\nN = normal(form(E))\n")
+    g = fdsl.calculus.forms.coeff(program.definitions["N"], program.symbols["W"])
+    assert fdsl.core.printers.text(g).startswith("h^(-1) ones(h, 1)")  # was trace(ones(1, h) ones(h, 1))^(-1)
+    written = fdsl.core.printers.string(g)
+    assert "trace(ones(1, h) ones(h, 1))^(-1)" in written  # string() still reads back as the same term
+
+
+def test_equal_summands_of_the_expanded_normal_form_are_merged():
+    program = fdsl.parse(POWERS + "N = normal(d(trace(W^t W)^(1/2)))\n")
+    # was: (1/2) trace(W^t W)^(-1/2) W^t + (1/2) trace(W^t W)^(-1/2) W^t
+    assert fdsl.core.functions.render(program.definitions["N"]) == "dW: trace(W^t W)^(-1/2) W^t"

@@ -65,6 +65,9 @@ def test_wheel_carries_grammar_and_stdlib(wheel):
     assert "fdsl.lark" in grammars
     for name in grammars:
         assert "fdsl/grammar/" + name in names, "grammar/%s is not in the wheel" % name
+        # the parser's tables, made ahead of time as JSON (issue 23: no pickle cache)
+        tables = name.replace(".lark", ".tables.json")
+        assert "fdsl/grammar/" + tables in names, "grammar/%s is not in the wheel" % tables
     for name in sorted(p.name for p in (REPO / "stdlib").glob("*.rules")):
         assert "fdsl/stdlib/" + name in names, "stdlib/%s is not in the wheel" % name
     assert ("fdsl/cli/main.py" in names and "fdsl/core/terms.py" in names

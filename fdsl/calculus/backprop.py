@@ -27,6 +27,7 @@ multiplied-out ``expanded`` form (stdlib/normal.rules) on a term without any.
 from __future__ import annotations
 
 from ..core import terms as T
+from ..core.normal import split
 from ..core.share import Sharing, found, has_intermediates
 from ..core.terms import Term
 from .forms import normal_terms, order
@@ -94,4 +95,13 @@ def backprop(t: Term, run) -> Term:
 def normal(t: Term, run) -> Term:
     if found(t)[0] or has_intermediates(t):
         return backprop(t, run)
-    return run("expanded", t)
+    w = run("expanded", t)
+    pairs, bad = split(w)
+    if bad is not None or not pairs:
+        return w  # not normal: the caller's check says why
+    coefficients: dict = {}
+    for x, g in pairs:
+        coefficients.setdefault(x, []).append(g)
+    if all(len(T.summands(merged(gs))) == sum(len(T.summands(g)) for g in gs) for gs in coefficients.values()):
+        return w  # no equal summands: the form as the rules left it
+    return order(T.add(*[T.make("trace", (T.mul(merged(gs), T.d(x)),)) for x, gs in coefficients.items()]))

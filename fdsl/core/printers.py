@@ -75,6 +75,19 @@ class Style:
     def wrap(self, s):
         return s
 
+    def dim_count(self, dim, node, inner):
+        """``trace(ones(1, d) ones(d, 1))``, the number d (how ``cols`` names a symbolic width)."""
+        return str(dim)
+
+
+def _dim_count(n: Term):
+    """The dim d if ``n`` is ``trace(ones(1, d) ones(d, 1))``, else None."""
+    a = n.args[0]
+    if a.op != "mul" or len(a.args) != 2 or any(f.op != "ones" for f in a.args):
+        return None
+    (one, d), (d2, one2) = a.args[0].shape, a.args[1].shape
+    return d if one == one2 == 1 and d == d2 and not isinstance(d, int) else None
+
 
 class StringStyle(Style):
     """Re-parseable: every construct in the language's own surface syntax."""
@@ -95,6 +108,9 @@ class StringStyle(Style):
 
     def zero(self, shape):
         return "zeros(%s, %s)" % shape
+
+    def dim_count(self, dim, node, inner):
+        return "trace(%s)" % inner  # re-parseable as the same term (a dim alone reads as its size)
 
 
 def _latex_name(name, font=r"\mathit"):
@@ -268,6 +284,10 @@ class Printer:
         if op == "d":
             return s.differential(n, self._at(n.args[0], ATOM) if n.args[0].op in ("sym", "let")
                                   else self.memo[n.args[0]][0]), ATOM, None
+        if op == "trace":
+            dim = _dim_count(n)
+            if dim is not None:  # cols(A) of a symbolic width d: trace(ones(1, d) ones(d, 1)) is d
+                return s.dim_count(dim, n, self.memo[n.args[0]][0]), ATOM, None
         # every other operator prints as a function call
         return s.call(op, [self.memo[a][0] for a in n.args]), ATOM, None
 

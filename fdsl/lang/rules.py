@@ -368,7 +368,13 @@ class RuleBook:
                     raise err("cannot import %r: no such rule file (relative to %s, or in the stdlib)"
                               % (item["path"], path.parent), item)
                 here = chain + ((resolved, display),)
-                cycle = self._load(target, importer=path, chain=here)
+                try:
+                    cycle = self._load(target, importer=path, chain=here)
+                except FdslError as e:
+                    if e.line is not None:
+                        raise
+                    # a file that cannot be read is an error of the import that names it
+                    raise err("%s: %s" % (item["path"], e.message), item) from None
                 if cycle is not None:
                     start = [r for r, _ in here].index(cycle)
                     names = [shown for _, shown in here[start:]] + [item["path"]]

@@ -66,6 +66,10 @@ class Kron:
         return "kron(%s, %s)" % (short(self.left), short(self.right))
 
 
+MIN_TOL = 1e-15  # CG's relative residual cannot go much below float64's precision
+MAX_ITERATIONS = 1_000_000  # an iteration limit beyond this is a hang, not a limit
+
+
 @dataclass(frozen=True)
 class GaussNewton:
     error: Term  # E
@@ -197,12 +201,16 @@ def _spec(program, node, targets):
         damping = _number_arg(program, args[1], node.args[1], "lambda", lambda x: x >= 0, ">= 0")
         tol = DEFAULT_TOL
         if len(args) > 2:
-            tol = _number_arg(program, args[2], node.args[2], "the tolerance", lambda x: 0 < x < 1, "between 0 and 1")
+            # a relative residual below float64's precision (2.2e-16) is never reached: CG would run to its limit
+            tol = _number_arg(program, args[2], node.args[2], "the tolerance", lambda x: MIN_TOL <= x < 1,
+                              "between 1e-15 (float64's precision) and 1")
         iterations = None
         if len(args) > 3:
             iterations = as_int(args[3], "the iteration limit")
-            if iterations < 1:
-                raise program.error("the iteration limit must be at least 1, not %d" % iterations, node.args[3])
+            if not 1 <= iterations <= MAX_ITERATIONS:
+                raise program.error("the iteration limit must be between 1 and %d (conjugate gradients meet any "
+                                    "reachable tolerance long before), not %d" % (MAX_ITERATIONS, iterations),
+                                    node.args[3])
         label = node.args[0].value if node.args[0].kind == "name" else ""
         return GaussNewton(error, damping, tol, iterations, label)
     raise program.error("a metric is euclidean, kron(L, R) or gaussnewton(E, lambda), not %s" % _node_text(node), node)

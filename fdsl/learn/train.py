@@ -275,9 +275,14 @@ class Trainer:
         return out
 
 
+MAX_STEPS = 10_000_000
+
+
 def _check_schedule(steps: int, lr: float, every: Optional[int]) -> int:
     if steps < 1:
         raise FdslError("the number of steps must be at least 1, not %d" % steps, file="--steps")
+    if steps > MAX_STEPS:  # 10^15 steps would run for ages with nothing to show for it
+        raise FdslError("the number of steps must be at most %d, not %d" % (MAX_STEPS, steps), file="--steps")
     if not (lr > 0 and math.isfinite(lr)):
         raise FdslError("the learning rate must be a positive number, not %g" % lr, file="--lr")
     if every is None:
