@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import socket
 
 from ..base.errors import FdslError
 from .common import add_limit_options
@@ -32,7 +33,7 @@ def _cmd_serve(args) -> int:
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             raise FdslError("port %d is in use; --port 0 picks a free one" % args.port) from None
-        if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or isinstance(e, __import__("socket").gaierror):
+        if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or isinstance(e, socket.gaierror):
             raise FdslError("cannot listen on %s: %s" % (args.host, e.strerror or e)) from None
         raise
     except KeyboardInterrupt:
