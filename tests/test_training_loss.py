@@ -8,6 +8,7 @@ against the numpy module of the same form and torch autograd."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -342,3 +343,92 @@ def test_torch_multiplies_two_batches_with_one_bmm():
         got = grads({"X": torch.tensor(x), "W": torch.tensor(W)})["A"].numpy()
         want = sum(np.maximum(e @ W @ e.T, 0) for e in (x if x.ndim == 3 else [x]))
         assert np.allclose(got, want)
+
+
+def test_a_sum_that_extends_an_earlier_sum_adds_to_it():
+    # a residual stream: X + X W is summed once, and X + X W - X W V is that sum minus X W V (as
+    # the forward adds each layer's output to the last), not X + X W - X W V summed from the start
+    p = fdsl.parse("dim n = 5, d = 3\nconst X : n x d\nweight W, V : d x d\nA = m(X + X W)\n"
+                   "B = m(X + X W - X W V) + A\n")
+    rng = np.random.default_rng(7)
+    vals = {"X": rng.standard_normal((2, 5, 3)), "W": rng.standard_normal((3, 3)), "V": rng.standard_normal((3, 3))}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims, target).source("test")
+        body = _body(source)
+        assert body.count("X + ") + body.count("+= X\n") == 1 and body.count(" - ") == 1, body
+        got = codegen.compile_namespace(source)["grads"]({k: torch.tensor(v) for k, v in vals.items()}
+                                                         if target == "torch" else vals)
+        a = [np.maximum(x + x @ vals["W"], 0) for x in vals["X"]]
+        b = [np.maximum(x + x @ vals["W"] - x @ vals["W"] @ vals["V"], 0) + ai for x, ai in zip(vals["X"], a)]
+        assert np.allclose(np.asarray(got["A"]), sum(a)) and np.allclose(np.asarray(got["B"]), sum(b))
+
+
+def test_a_subtracted_product_joins_the_sum_of_products():
+    # X A U - X B V + X: [X A, X B] [U; V] with one side negated, -(L R) = (-L) R
+    p = fdsl.parse("dim n = 5, d = 4, k = 3\nconst X : n x d\nweight A, B : d x k, U, V : k x d\n"
+                   "G = m(X A U - X B V + X)\n")
+    rng = np.random.default_rng(8)
+    vals = {"X": rng.standard_normal((2, 5, 4)), **{k: rng.standard_normal((4, 3)) for k in "AB"},
+            **{k: rng.standard_normal((3, 4)) for k in "UV"}}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"G": p["G"]}, p.dims, target).source("test")
+        assert "_sum_of_products(" in _body(source) and "(-" in _body(source), _body(source)
+        got = codegen.compile_namespace(source)["grads"]({k: torch.tensor(v) for k, v in vals.items()}
+                                                         if target == "torch" else vals)
+        want = sum(np.maximum(x @ vals["A"] @ vals["U"] - x @ vals["B"] @ vals["V"] + x, 0) for x in vals["X"])
+        assert np.allclose(np.asarray(got["G"]), want)
+
+
+def test_the_chargpt_scales_each_score_adjoint_once():
+    # the attention's score adjoints, read by a weight's gradient and by the adjoint below, are
+    # scaled by s once for both (shared_scalings), not once in each (gradients: the chargpt test)
+    from fdsl.calculus.gradients import loss_of
+
+    p = fdsl.load(ROOT / "examples" / "chargpt.fd")
+    source = codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", "torch", loss=loss_of(p["w"]))
+    body = source.split("def grads_and_loss(")[1].split("def grads(")[0]
+    s = repr(12 ** -0.5)
+    backward = body[body.index("_aa_given("):]
+    assert backward.count(s) == 16 and len(re.findall(r"\w+_s = %s \* \w+\n" % re.escape(s), backward)) == 16, backward
+
+
+def test_a_variable_scaled_in_two_statements_is_scaled_once():
+    from fdsl.backends.fusion import Stmt, shared_scalings
+
+    body = [Stmt("a", "a = X @ W", ("X", "W")), Stmt("b", "b = (0.5 * a.mT) @ V", ("a", "V")),
+            Stmt("c", "c = (0.5 * a).mT + Z", ("a", "Z")), Stmt("e", "e = (2.0 * a) + a", ("a",))]
+    out = shared_scalings(body)
+    assert [st.code for st in out] == ["a = X @ W", "a_s = 0.5 * a", "b = a_s.mT @ V", "c = a_s.mT + Z",
+                                       "e = (2.0 * a) + a"], out
+    assert "a_s" in out[2].uses and "a_s" in out[3].uses
+    rng = np.random.default_rng(11)
+    env = {"X": rng.standard_normal((3, 4)), "W": rng.standard_normal((4, 2)), "V": rng.standard_normal((3, 5)),
+           "Z": rng.standard_normal((2, 3))}
+    got = []
+    for stmts in (body, out):
+        ns = dict(env)
+        for st in stmts:
+            exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
+        got.append((ns["b"], ns["c"]))
+    assert np.allclose(got[0][0], got[1][0]) and np.allclose(got[0][1], got[1][1])
+
+
+def test_a_product_read_only_transposed_is_computed_transposed():
+    from fdsl.backends.fusion import Stmt, transposed_reads
+
+    rng = np.random.default_rng(10)
+    env = {"X": rng.standard_normal((4, 3)), "W": rng.standard_normal((4, 2)), "V": rng.standard_normal((3, 5)),
+           "Z": rng.standard_normal((3, 2))}
+    body = [Stmt("a", "a = X.mT @ W", ("X", "W")), Stmt("b", "b = (0.5 * a).mT @ V", ("a", "V")),
+            Stmt("c", "c = a.mT + Z.mT", ("a", "Z"))]
+    turned = transposed_reads(body, set())
+    assert [st.code for st in turned] == ["a = W.mT @ X", "b = (0.5 * a) @ V", "c = a + Z.mT"], turned
+    for stmts in (body, turned):
+        ns = dict(env)
+        for st in stmts:
+            exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
+        assert np.allclose(ns["b"], 0.5 * (env["X"].T @ env["W"]).T @ env["V"])
+        assert np.allclose(ns["c"], (env["X"].T @ env["W"]).T + env["Z"].T)
+    # a reader of the product as it is, or a returned product, keeps it as it is
+    plain = body + [Stmt("e", "e = a * 2.0", ("a",))]
+    assert transposed_reads(plain, set()) == plain and transposed_reads(body, {"a"}) == body

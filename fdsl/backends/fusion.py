@@ -185,20 +185,21 @@ def _place_group(body, kind, side, shared, members) -> Optional[list]:
 # ---- sums of products ------------------------------------------------------------------------------
 
 
-def group_sums(body: list) -> list:
+def group_sums(body: list, batched: Optional[set] = None) -> list:
     """Every sum accumulated from two or more products, ``G = a + b; G += c; ...`` whose summands
     are variables that products made for it alone, with those products as one (see the module
-    doc). The sum's other summands stay as they were."""
+    doc). The sum's other summands stay as they were. ``batched``: the variables that may carry a
+    batch axis, for a target that folds a batch on the left of a product into one (torch)."""
     i = 0
     while i < len(body):
-        grouped = _sum_at(body, i)
+        grouped = _sum_at(body, i, batched)
         if grouped is not None:
             body = grouped
         i += 1
     return body
 
 
-def _sum_at(body, head) -> Optional[list]:
+def _sum_at(body, head, batched=None) -> Optional[list]:
     m = _SUM_HEAD.match(body[head].code)
     if m is None or m.group(1) != body[head].target:
         return None
@@ -215,7 +216,7 @@ def _sum_at(body, head) -> Optional[list]:
     members = []  # (position in terms, the statement of its product, left, right)
     for k, (sign, expr) in enumerate(terms):
         name = expr[:-3] if expr.endswith(".mT") else expr
-        if sign != "+" or not name.isidentifier() or len(writes.get(name, ())) != 1:
+        if not name.isidentifier() or len(writes.get(name, ())) != 1:
             continue
         i = writes[name][0]
         parts = product_parts(body[i].code)
@@ -227,6 +228,8 @@ def _sum_at(body, head) -> Optional[list]:
         operands = [u for u in body[i].uses if u != name]
         if not _unchanged(writes, operands, i, head, (i,)):
             continue
+        if sign == "-":  # a subtracted product, - L R = (-L) R: one negation, not a product and a sum
+            lhs = "(-%s)" % lhs
         members.append((k, i, lhs, rhs, expr.endswith(".mT")))
     if len(members) < 2:
         return None
@@ -235,6 +238,13 @@ def _sum_at(body, head) -> Optional[list]:
     flip = sum(m[4] for m in members) * 2 > len(members)
     members = [(k, i, lhs, rhs) if f == flip else (k, i, transposed(rhs), transposed(lhs))
                for k, i, lhs, rhs, f in members]
+    # or all of them transposed, read without a view, where that needs fewer transposed views:
+    # sum_i (A_i^t B_i^t)^t as sum_i B_i A_i (each .mT is a dispatched call, and cat copies it)
+    # (a batch stays on the left, where torch folds it into one product: (B n, k) @ (k, d))
+    turned = [(k, i, transposed(rhs), transposed(lhs)) for k, i, lhs, rhs in members]
+    if _views(turned) + flip < _views(members) + (not flip) and not (
+            batched is not None and _reads(members, 2, batched) and not _reads(turned, 2, batched)):
+        members, flip = turned, not flip
     first = members[0][0]
     s, taken = var + "_sp", {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
     while s in taken:
@@ -243,7 +253,7 @@ def _sum_at(body, head) -> Optional[list]:
                                                                   ", ".join(m[3] for m in members)),
                    tuple(dict.fromkeys(u for m in members for u in body[m[1]].uses if u != body[m[1]].target)))
     dropped = {m[0] for m in members[1:]}
-    kept = [(sign, (s + ".mT" if flip else s) if k == first else expr) for k, (sign, expr) in enumerate(terms)
+    kept = [("+", s + ".mT" if flip else s) if k == first else (sign, expr) for k, (sign, expr) in enumerate(terms)
             if k not in dropped]
     chain = []
     if len(kept) == 1:
@@ -257,8 +267,101 @@ def _sum_at(body, head) -> Optional[list]:
     return before + [product] + chain + body[end:]
 
 
+def _reads(members, side: int, variables: set) -> bool:
+    """Whether an operand on ``side`` (2: left, 3: right) of a member reads one of ``variables``."""
+    return any(set(re.findall(r"[A-Za-z_]\w*", m[side])) & variables for m in members)
+
+
+def _views(members) -> int:
+    """The transposed views that the operands of a sum of products read."""
+    return sum(side.count(".mT") for m in members for side in m[2:])
+
+
 def _names(*exprs) -> tuple:
     return tuple(e[:-3] if e.endswith(".mT") else e for e in exprs)
+
+
+# ---- products read transposed --------------------------------------------------------------------
+
+
+def transposed_reads(body: list, kept: set) -> list:
+    """A product every reader of which reads it transposed (``v.mT``, ``(c * v).mT``) computed
+    transposed, ``v = L @ R`` as ``v = R^t @ L^t``, where that takes fewer transposed views: the
+    attention's score adjoints, which the weights' gradients and the adjoint below both read as
+    their transposes. ``kept``: variables read outside the body (the results), left as they are."""
+    writes, reads = _index(body)
+    out = list(body)
+    for i in range(len(out)):
+        st = out[i]  # as an earlier turn left it
+        parts = product_parts(st.code)
+        if parts is None or parts[1] != "mm" or parts[0] != st.target:
+            continue
+        v = st.target
+        if v in kept or len(writes.get(v, ())) != 1:
+            continue
+        word = re.compile(r"(?<![\w.])%s(?!\w)" % re.escape(v))
+        flipped = re.compile(r"(?<![\w.])%s\.mT|\((\d[\w.+-]*) \* %s\)\.mT" % (re.escape(v), re.escape(v)))
+        readers = [j for j in reads.get(v, ()) if j != i]
+        if not readers or any(len(word.findall(out[j].code)) != len(flipped.findall(out[j].code))
+                              for j in readers):
+            continue
+        left, right = transposed(parts[3]), transposed(parts[2])
+        saved = sum(len(flipped.findall(out[j].code)) for j in readers)
+        if (left + right).count(".mT") - (parts[2] + parts[3]).count(".mT") >= saved:
+            continue
+        out[i] = st._replace(code="%s = %s @ %s" % (v, left, right))
+        for j in readers:
+            out[j] = out[j]._replace(code=flipped.sub(lambda m: v if m.group(1) is None else "(%s * %s)"
+                                                     % (m.group(1), v), out[j].code))
+    return out
+
+
+# ---- a variable scaled by a number in several statements ------------------------------------------
+
+
+_SCALED = re.compile(r"\((\d[\w.+-]*) \* (\w+)(\.mT)?\)(\.mT)?")
+
+
+def shared_scalings(body: list) -> list:
+    """A variable scaled by the same number in two or more statements, ``(c * v)`` (or a view of
+    it, ``(c * v.mT)``, ``(c * v).mT``), scaled once: ``v_s = c * v`` before the first of them,
+    which read ``v_s`` (or ``v_s.mT``). The products of an attention's backward read the scaled
+    scores both in a weight's gradient and in the adjoint of the layer below."""
+    writes, _ = _index(body)
+    seen: dict = {}  # (number, variable) -> the statements that scale it
+    for i, st in enumerate(body):
+        for m in _SCALED.finditer(st.code):
+            seen.setdefault((m.group(1), m.group(2)), []).append(i)
+    shared = {key: at for key, at in seen.items() if len(at) >= 2 and len(writes.get(key[1], ())) == 1
+              and writes[key[1]][0] < at[0]}
+    if not shared:
+        return body
+    taken = {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
+    names: dict = {}
+    for c, v in shared:
+        name = v + "_s"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        names[(c, v)] = name
+
+    def replace(m):
+        name = names.get((m.group(1), m.group(2)))
+        if name is None:
+            return m.group(0)
+        return name + (".mT" if bool(m.group(3)) != bool(m.group(4)) else "")
+
+    out = []
+    for i, st in enumerate(body):
+        for key in [k for k, at in shared.items() if min(at) == i]:
+            out.append(Stmt(names[key], "%s = %s * %s" % (names[key], key[0], key[1]), (key[1],)))
+        code = _SCALED.sub(replace, st.code)
+        if code != st.code:
+            st = st._replace(code=code, uses=tuple(dict.fromkeys(st.uses + tuple(
+                names[(m.group(1), m.group(2))] for m in _SCALED.finditer(st.code)
+                if (m.group(1), m.group(2)) in names))))
+        out.append(st)
+    return out
 
 
 # ---- products of two batches -----------------------------------------------------------------------

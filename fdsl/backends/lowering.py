@@ -60,7 +60,15 @@ from ..core.ops import OPS
 from ..core.printers import short
 from ..core.terms import Term, postorder
 from .fusion import Stmt as _Stmt
-from .fusion import batched_products, group_products, group_sums, summed_product, unlet
+from .fusion import (
+    batched_products,
+    group_products,
+    group_sums,
+    shared_scalings,
+    summed_product,
+    transposed_reads,
+    unlet,
+)
 from .fusion import transposed as _transposed
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter
@@ -145,6 +153,7 @@ class Lowering(ModuleWriter):
         self.masks: dict = {}  # base -> variable holding (value of base > 0) in its storage
         self.softmaxes: dict = {}  # (base, flip) -> _Ref of the row softmax of that argument
         self.layernorm_stats: dict = {}  # (base, flip) -> the variables of its row mean and 1/sigma
+        self.sums: list = []  # (summands as (sign, broadcast, base, flip), flip, _Ref) of each sum computed
         self.const_memo: dict = {}
         self.flops = 0  # multiply-adds of the matrix products, for reports
         self.runtime_dims: dict = {}  # dim name -> variable
@@ -428,7 +437,9 @@ class Lowering(ModuleWriter):
                 summed = bool(self.batched) and summed_product(self.body, ref.var)
                 results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
-        self.body = group_products(group_sums(self.body))
+        folds = self._batched_vars() if self.target.folds_batches else None
+        returned = {v for (codes, uses) in results.values() for v in uses}
+        self.body = shared_scalings(group_products(group_sums(transposed_reads(self.body, returned), folds)))
         if self.target.folds_batches:  # torch: a product of two batches is one bmm, not matmul's five calls
             self.body = batched_products(self.body, self._batched_vars())
         return results
@@ -781,13 +792,17 @@ class Lowering(ModuleWriter):
 
     def _sum(self, b: Term) -> _Ref:
         flip = self.store_flip.get(b, False)
-        parts = []
+        parts, keys = [], []
         for s in b.args:
             sign, broadcast, t = self._summand(s)
             ref = self.ref(t)
             if flip:
                 ref = ref.t()
             parts.append((broadcast, sign < 0, ref, canon(t)[0] in self.batched))
+            keys.append((sign, broadcast, *canon(t)))
+        reused = self._sum_from_earlier(b, keys, flip, dict(zip(keys, parts)))
+        if reused is not None:
+            return reused
         # full positive, full negative, rows: the first is full; among them, one that may carry a
         # batch axis first, so that the rest can be added in place into it
         parts.sort(key=lambda p: (p[0], not p[3], p[1]))
@@ -811,6 +826,33 @@ class Lowering(ModuleWriter):
         ref = self._new(b, lambda v: "%s = %s" % (v, head), uses, flip=flip)
         for _, negative, r, _ in rest:
             self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
+        if len(set(keys)) == len(keys) and not broadcast0:
+            self.sums.append((frozenset(keys), flip, ref, canon(b)[0] in self.batched))
+        return ref
+
+    def _sum_from_earlier(self, b: Term, keys: list, flip: bool, parts: dict) -> Optional[_Ref]:
+        """A sum whose summands include every summand of a sum computed before, as that sum plus
+        the rest: a residual stream X + A_1 + ... + A_k, summed after each layer, adds each layer's
+        output to the last one's (as the forward does), instead of summing the stream from the
+        start again (the normal form keeps every sum flat)."""
+        have = set(keys)
+        if len(have) != len(keys):
+            return None
+        best = None
+        for summands, stored_flip, ref, batched in self.sums:
+            if stored_flip == flip and summands < have and (best is None or len(summands) > len(best[0])):
+                best = (summands, ref, batched)
+        if best is None or len(best[0]) < 2:
+            return None
+        summands, earlier, _ = best
+        # full parts before rows; the first addition (out of place) carries the batch if one does
+        rest = sorted((p for key, p in parts.items() if key not in summands), key=lambda p: (not p[3], p[0]))
+        (_, negative, second, _), rest = rest[0], rest[1:]
+        head = "%s %s %s" % (earlier.var, "-" if negative else "+", second.expr())
+        ref = self._new(b, lambda v: "%s = %s" % (v, head), [earlier.var, second.var], flip=flip)
+        for _, negative, r, _ in rest:
+            self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
+        self.sums.append((frozenset(keys), flip, ref, canon(b)[0] in self.batched))
         return ref
 
     def _mask(self, a: Term) -> _Ref:
