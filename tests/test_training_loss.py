@@ -420,15 +420,18 @@ def test_a_product_read_only_transposed_is_computed_transposed():
     env = {"X": rng.standard_normal((4, 3)), "W": rng.standard_normal((4, 2)), "V": rng.standard_normal((3, 5)),
            "Z": rng.standard_normal((3, 2))}
     body = [Stmt("a", "a = X.mT @ W", ("X", "W")), Stmt("b", "b = (0.5 * a).mT @ V", ("a", "V")),
-            Stmt("c", "c = a.mT + Z.mT", ("a", "Z"))]
+            Stmt("c", "c = a.mT @ Z", ("a", "Z"))]
     turned = transposed_reads(body, set())
-    assert [st.code for st in turned] == ["a = W.mT @ X", "b = (0.5 * a) @ V", "c = a + Z.mT"], turned
+    assert [st.code for st in turned] == ["a = W.mT @ X", "b = (0.5 * a) @ V", "c = a @ Z"], turned
     for stmts in (body, turned):
         ns = dict(env)
         for st in stmts:
             exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
         assert np.allclose(ns["b"], 0.5 * (env["X"].T @ env["W"]).T @ env["V"])
-        assert np.allclose(ns["c"], (env["X"].T @ env["W"]).T + env["Z"].T)
-    # a reader of the product as it is, or a returned product, keeps it as it is
+        assert np.allclose(ns["c"], (env["X"].T @ env["W"]).T @ env["Z"])
+    # a reader of the product as it is, an elementwise reader (its operands keep one layout), a
+    # returned product, or a batch that would leave the left side: the product stays as it is
     plain = body + [Stmt("e", "e = a * 2.0", ("a",))]
-    assert transposed_reads(plain, set()) == plain and transposed_reads(body, {"a"}) == body
+    elementwise = body + [Stmt("e", "e = a.mT + Z.mT", ("a", "Z"))]
+    assert transposed_reads(plain, set()) == plain and transposed_reads(elementwise, set()) == elementwise
+    assert transposed_reads(body, {"a"}) == body and transposed_reads(body, set(), {"X"}) == body

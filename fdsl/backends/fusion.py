@@ -284,11 +284,15 @@ def _names(*exprs) -> tuple:
 # ---- products read transposed --------------------------------------------------------------------
 
 
-def transposed_reads(body: list, kept: set) -> list:
-    """A product every reader of which reads it transposed (``v.mT``, ``(c * v).mT``) computed
-    transposed, ``v = L @ R`` as ``v = R^t @ L^t``, where that takes fewer transposed views: the
-    attention's score adjoints, which the weights' gradients and the adjoint below both read as
-    their transposes. ``kept``: variables read outside the body (the results), left as they are."""
+def transposed_reads(body: list, kept: set, batched: Optional[set] = None) -> list:
+    """A product every reader of which is a product that reads it transposed (``v.mT``,
+    ``(c * v).mT``) computed transposed, ``v = L @ R`` as ``v = R^t @ L^t``, where that takes
+    fewer transposed views: the attention's score adjoints, which the weights' gradients and the
+    adjoint below both read as their transposes. Not where an elementwise operator reads it (its
+    operands keep one layout: a kernel on a transposed and a plain operand is many times slower),
+    nor where a batch would leave the left side (``batched``: the variables that may carry one,
+    for a target that folds a batch on the left into one product). ``kept``: variables read
+    outside the body (the results), left as they are."""
     writes, reads = _index(body)
     out = list(body)
     for i in range(len(out)):
@@ -302,10 +306,12 @@ def transposed_reads(body: list, kept: set) -> list:
         word = re.compile(r"(?<![\w.])%s(?!\w)" % re.escape(v))
         flipped = re.compile(r"(?<![\w.])%s\.mT|\((\d[\w.+-]*) \* %s\)\.mT" % (re.escape(v), re.escape(v)))
         readers = [j for j in reads.get(v, ()) if j != i]
-        if not readers or any(len(word.findall(out[j].code)) != len(flipped.findall(out[j].code))
-                              for j in readers):
+        if not readers or any(product_parts(out[j].code) is None or len(word.findall(out[j].code))
+                              != len(flipped.findall(out[j].code)) for j in readers):
             continue
         left, right = transposed(parts[3]), transposed(parts[2])
+        if batched is not None and _reads([parts], 2, batched) and not _reads([(0, 0, left, right)], 2, batched):
+            continue
         saved = sum(len(flipped.findall(out[j].code)) for j in readers)
         if (left + right).count(".mT") - (parts[2] + parts[3]).count(".mT") >= saved:
             continue

@@ -439,7 +439,7 @@ class Lowering(ModuleWriter):
                 handed_out.add(ref.var)
         folds = self._batched_vars() if self.target.folds_batches else None
         returned = {v for (codes, uses) in results.values() for v in uses}
-        self.body = shared_scalings(group_products(group_sums(transposed_reads(self.body, returned), folds)))
+        self.body = shared_scalings(group_products(group_sums(transposed_reads(self.body, returned, folds), folds)))
         if self.target.folds_batches:  # torch: a product of two batches is one bmm, not matmul's five calls
             self.body = batched_products(self.body, self._batched_vars())
         return results
