@@ -385,3 +385,171 @@ def batched_products(body: list, batched: set) -> list:
             st = st._replace(code="%s = _bmm(%s, %s)" % (parts[0], parts[2], parts[3]))
         out.append(st)
     return out
+
+
+# ---- the heads of an attention as one stacked computation ------------------------------------------
+
+# what a statement of a stacked chain may call besides its variables: operators on the last two
+# axes, which act on each matrix of a stack (a head axis before them) alike
+_STACKABLE = {"_bmm", "_softmax", "_aa_given", "mT"}
+_WORD = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+def _template(st) -> Optional[tuple]:
+    """(the code with its variables as {0}, {1}, ... in order of appearance, those variables), or
+    None for a statement that is not one of a chain that can be stacked."""
+    if len(targets(st)) != 1 or st.target is None:
+        return None
+    names = set(st.uses) | {st.target}
+    order: list = []
+    parts, at = [], 0
+    for m in _WORD.finditer(st.code):
+        word = m.group(0)
+        if word not in names:
+            if word not in _STACKABLE:
+                return None
+            continue
+        if word not in order:
+            order.append(word)
+        parts += [st.code[at:m.start()].replace("{", "{{").replace("}", "}}"), "{%d}" % order.index(word)]
+        at = m.end()
+    parts.append(st.code[at:].replace("{", "{{").replace("}", "}}"))
+    return "".join(parts), tuple(order)
+
+
+def stacked_heads(body: list, batched: set, shapes: dict, kept: set) -> list:
+    """Runs of h alike chains of statements, one after the other (the heads of an attention, each
+    ``scores = _bmm((s * q), k.mT); ... ; out = _bmm(p, v)`` on its own slices of the grouped
+    Q, K, V product), done as one chain on stacks of h matrices: the per-head operands stacked
+    along a head axis before the last two (``torch.stack(..., -3)``, or a stack made before: the
+    forward's probabilities, read again by the backward), one statement for each statement of a
+    chain, and the results read after it as views of the stack (``unbind(-3)``). So the 4 heads'
+    products are one batched product each, as autograd's multi-head attention does them.
+    ``batched``: the variables that may carry a batch axis; ``shapes``: variable -> its shape
+    (stacked operands must agree in shape and batch); ``kept``: variables read after the body."""
+    temps = [_template(st) for st in body]
+    writes, reads = _index(body)
+    stacks: dict = {}  # tuple of variables -> (the stack of them, as a variable), for reuse
+    taken = {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
+    out: list = []
+    i = 0
+    while i < len(body):
+        best = None
+        for length in range(1, 13):
+            if i + 2 * length > len(body) or any(t is None for t in temps[i:i + length]):
+                break
+            h = 1
+            while i + (h + 1) * length <= len(body) and all(
+                    temps[i + h * length + p] is not None and temps[i + h * length + p][0] == temps[i + p][0]
+                    for p in range(length)):
+                h += 1
+            if h >= 2 and (best is None or h * length > best[0] * best[1]) and any(
+                    "_bmm(" in t[0] or " @ " in t[0] for t in temps[i:i + length]):  # a product to batch
+                plan = _stack_plan(body, temps, i, length, h, writes, reads, batched, shapes, kept, stacks)
+                if plan is not None:
+                    best = (h, length, plan)
+        if best is None:
+            out.append(body[i])
+            i += 1
+            continue
+        h, length, (order, slots, results) = best
+        names: dict = {}  # tuple of variables -> the variable of their stack
+
+        def fresh(base):
+            name = base + "_h"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            return name
+
+        for kind, tup in (slot for stmt_slots in slots for slot in stmt_slots):
+            if kind == "shared" or tup in names:
+                continue
+            if kind == "outer":
+                if tup in stacks:
+                    names[tup] = stacks[tup]
+                    continue
+                names[tup] = fresh(tup[0])
+                out.append(Stmt(names[tup], "%s = torch.stack((%s,), -3)" % (names[tup], ", ".join(tup)), tup))
+                if all(len(writes.get(v, ())) == 1 for v in tup):
+                    stacks[tup] = names[tup]
+            else:
+                names[tup] = fresh(tup[0])
+        for p in range(length):
+            template, _ = temps[i + order[0] * length + p]
+            args = [tup[0] if kind == "shared" else names[tup] for kind, tup in slots[p]]
+            target = body[i + order[0] * length + p].target
+            at = temps[i + order[0] * length + p][1].index(target)
+            out.append(Stmt(args[at], template.format(*args), tuple(dict.fromkeys(args))))
+        for tup in results:
+            out.append(Stmt(tup[0], "%s = %s.unbind(-3)" % (", ".join(tup), names[tup]), (names[tup],)))
+            stacks[tup] = names[tup]
+        i += h * length
+    # views of a stack that nothing reads now (a later run read the stack itself) are not made
+    read = {u for st in out for u in st.uses} | set(kept)
+    return [st for st in out if not (st.code.endswith(".unbind(-3)") and not read & set(targets(st)))]
+
+
+def _stack_plan(body, temps, i, length, h, writes, reads, batched, shapes, kept, stacks) -> Optional[tuple]:
+    """(the order of the heads, each statement's slots as ("shared", (v,)), ("outer", one variable
+    per head: stacked before), ("inner", one per head: made in the chains), the inner tuples read
+    after the run) for the run of ``h`` chains of ``length`` statements from ``i``; None where the
+    chains are not alike (a variable of one head read by another, a per-head operand made or
+    updated within the run, operands of different shapes or batching)."""
+    end = i + h * length
+    inner: list = []  # per head: variable -> position of the statement that first assigns it
+    for j in range(h):
+        defs: dict = {}
+        for p in range(length):
+            defs.setdefault(body[i + j * length + p].target, p)
+        inner.append(defs)
+    slots = []
+    for p in range(length):
+        per = [temps[i + j * length + p][1] for j in range(h)]
+        if len({len(vs) for vs in per}) != 1:
+            return None
+        row = []
+        for s in range(len(per[0])):
+            tup = tuple(per[j][s] for j in range(h))
+            where = [inner[j].get(v) for j, v in enumerate(tup)]
+            if all(w is not None for w in where):
+                if len(set(where)) != 1 or where[0] > p or len(set(tup)) != h:
+                    return None
+                row.append(("inner", tup))
+            elif any(w is not None for w in where):
+                return None
+            elif len(set(tup)) == 1:
+                if any(i <= w < end for w in writes.get(tup[0], ())):
+                    return None
+                row.append(("shared", tup[:1]))
+            else:
+                if len(set(tup)) != h or any(i <= w < end for v in tup for w in writes.get(v, ())):
+                    return None
+                if len({v in batched for v in tup}) != 1 or len({shapes.get(v) for v in tup}) != 1 \
+                        or shapes.get(tup[0]) is None:
+                    return None
+                row.append(("outer", tup))
+        slots.append(row)
+    # the heads in the order of a stack made before, where one of the operands has one
+    order = list(range(h))
+    for row in slots:
+        for kind, tup in row:
+            if kind == "outer" and tup not in stacks:
+                for made in stacks:
+                    if set(made) == set(tup):
+                        order = [tup.index(v) for v in made]
+                        break
+                else:
+                    continue
+                break
+        else:
+            continue
+        break
+    slots = [[(kind, tup if kind == "shared" else tuple(tup[j] for j in order)) for kind, tup in row] for row in slots]
+    results = []
+    for row in slots:
+        for kind, tup in row:
+            if kind == "inner" and tup not in results and any(
+                    v in kept or any(r >= end for r in reads.get(v, ())) for v in tup):
+                results.append(tup)
+    return order, slots, results

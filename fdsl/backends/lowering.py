@@ -65,6 +65,7 @@ from .fusion import (
     group_products,
     group_sums,
     shared_scalings,
+    stacked_heads,
     summed_product,
     transposed_reads,
     unlet,
@@ -442,6 +443,16 @@ class Lowering(ModuleWriter):
         self.body = shared_scalings(group_products(group_sums(transposed_reads(self.body, returned, folds), folds)))
         if self.target.folds_batches:  # torch: a product of two batches is one bmm, not matmul's five calls
             self.body = batched_products(self.body, self._batched_vars())
+            # and the heads of an attention as one stacked chain (torch.stack and unbind views)
+            if self.loss is not None:
+                returned.add(self.ref(self.loss).var)
+            shapes = {ref.var: (b.shape[::-1] if ref.flip else b.shape) for b, ref in self.refs.items()
+                      if not ref.scalar and not b.scalar}
+            for key, (var, f) in self.avail.items():  # the products within products (a grouped one's slices)
+                rows = self._oriented_shape((self.order[key[0][0]], key[0][1]))[0]
+                cols = self._oriented_shape((self.order[key[-1][0]], key[-1][1]))[1]
+                shapes.setdefault(var, (cols, rows) if f else (rows, cols))
+            self.body = stacked_heads(self.body, self._batched_vars(), shapes, returned)
         return results
 
     def _batched_vars(self) -> set:
