@@ -197,13 +197,15 @@ def test_named_and_natural_spellings_do_the_same_work(counted):
 
 def test_one_call_does_what_the_forward_and_one_backward_need(counted):
     got, auto = counted["named"].counts, counted["autograd"].counts
-    # 2 blocks x 2 heads of attention, and the softmax of the logits that cross-entropy's backward
-    # needs beside the log-softmax of the loss; a layer norm at each of its 5 places, forward
-    # and backward; a GELU per block, forward and backward
-    assert got["_softmax"] == 5 and got["_log_softmax"] == 1
+    # 2 blocks of 2 heads of attention, each block's heads one stacked softmax (torch: stacked_heads),
+    # and the softmax of the logits that cross-entropy's backward needs beside the log-softmax of
+    # the loss; a layer norm at each of its 5 places, forward and backward; a GELU per block,
+    # forward and backward
+    assert got["_softmax"] == 3 and got["_log_softmax"] == 1 and auto["_softmax"] == 4
     assert got["native_layer_norm"] == 5 and got["native_layer_norm_backward"] == 5
     assert got["gelu"] == 2 and got["gelu_backward"] == 2
-    assert got["_softmax_backward_data"] == auto["_softmax_backward_data"] + 4  # and tau's 4: aa(S, scores)
+    # the heads' softmax backward, stacked per block (autograd: one per head), and tau's 4: aa(S, scores)
+    assert auto["_softmax_backward_data"] == 4 and got["_softmax_backward_data"] == 2 + 4
     assert counted["named"].products() <= counted["autograd"].products(), (counted["named"].products(),
                                                                            counted["autograd"].products())
 
@@ -435,3 +437,51 @@ def test_a_product_read_only_transposed_is_computed_transposed():
     elementwise = body + [Stmt("e", "e = a.mT + Z.mT", ("a", "Z"))]
     assert transposed_reads(plain, set()) == plain and transposed_reads(elementwise, set()) == elementwise
     assert transposed_reads(body, {"a"}) == body and transposed_reads(body, set(), {"X"}) == body
+
+
+HEADS = """dim n = 6, d = 16, k = 4
+const X : n x d, Y : n x d
+scalar s = k^(-1/2)
+weight E : d x d, Q[j], K[j], V[j] : d x k, O[j] : k x d
+head(j, Z) = a(s Z Q[j] K[j]^t Z^t) Z V[j] O[j]
+L = -trace(Y^t logsoftmax(head(0, X E) + head(1, X E)))
+w = -d(L)
+"""
+
+
+def _heads_loss(t):
+    z = t["X"] @ t["E"]
+    out = 0
+    for j in range(2):
+        scores = torch.softmax(0.5 * z @ t["Q_%d" % j] @ t["K_%d" % j].mT @ z.mT, dim=-1)
+        out = out + scores @ z @ t["V_%d" % j] @ t["O_%d" % j]
+    return -(t["Y"] * torch.log_softmax(out, dim=-1)).sum()
+
+
+def test_torch_does_the_heads_of_an_attention_as_one_stacked_chain():
+    # each head's scores, softmax and products are one statement on a stack of the heads (a head
+    # axis before the last two), forward and backward; gradients against torch autograd
+    from fdsl.calculus.gradients import loss_of
+
+    p = fdsl.parse(HEADS)
+    source = codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", "torch", loss=loss_of(p["w"]))
+    body = source.split("def grads_and_loss(")[1].split("def grads(")[0]
+    assert "torch.stack((" in body and "_h = _softmax(" in body and "_h = _aa_given(" in body, body
+    # every softmax of the heads is one of the stack (the other is the logits')
+    assert body.count("_h = _softmax(") == body.count(" _softmax(") - 1 >= 1, body
+    numpy_body = _body(codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", "numpy"))
+    assert "stack" not in numpy_body
+    ns = codegen.compile_namespace(source)
+    rng = np.random.default_rng(12)
+    vals = {"X": rng.standard_normal((3, 6, 16)), "Y": rng.random((3, 6, 16)), "E": rng.standard_normal((16, 16)) / 4,
+            **{"%s_%d" % (w, j): rng.standard_normal((16, 4)) / 4 for w in "QKV" for j in range(2)},
+            **{"O_%d" % j: rng.standard_normal((4, 16)) / 2 for j in range(2)}}
+    for batch in (vals, {k: v[0] if k in "XY" else v for k, v in vals.items()}):
+        t = {k: torch.tensor(v, requires_grad=k not in "XY") for k, v in batch.items()}
+        _heads_loss(t).backward()
+        with torch.no_grad():
+            got, value = ns["grads_and_loss"]({k: v.detach() for k, v in t.items()})
+        assert abs(float(value) - float(_heads_loss(t).detach())) <= 1e-12 * abs(float(value))
+        for k in t:
+            if k not in "XY":
+                assert torch.allclose(-got[k], t[k].grad, rtol=1e-9, atol=1e-12), k

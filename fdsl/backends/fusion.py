@@ -477,10 +477,14 @@ def stacked_heads(body: list, batched: set, shapes: dict, kept: set) -> list:
                 names[tup] = fresh(tup[0])
         for p in range(length):
             template, _ = temps[i + order[0] * length + p]
-            args = [tup[0] if kind == "shared" else names[tup] for kind, tup in slots[p]]
+            # a shared operand with a batch axis gets a head axis of 1 before its matrices, so that
+            # it broadcasts against the stacks (batch, heads, rows, cols), not the batch against the heads
+            args = [(tup[0] + ".unsqueeze(-3)" if tup[0] in batched else tup[0]) if kind == "shared" else names[tup]
+                    for kind, tup in slots[p]]
             target = body[i + order[0] * length + p].target
             at = temps[i + order[0] * length + p][1].index(target)
-            out.append(Stmt(args[at], template.format(*args), tuple(dict.fromkeys(args))))
+            out.append(Stmt(args[at], template.format(*args),
+                            tuple(dict.fromkeys(a.split(".")[0] for a in args))))
         for tup in results:
             out.append(Stmt(tup[0], "%s = %s.unbind(-3)" % (", ".join(tup), names[tup]), (names[tup],)))
             stacks[tup] = names[tup]
@@ -501,7 +505,10 @@ def _stack_plan(body, temps, i, length, h, writes, reads, batched, shapes, kept,
     for j in range(h):
         defs: dict = {}
         for p in range(length):
-            defs.setdefault(body[i + j * length + p].target, p)
+            st = body[i + j * length + p]
+            if st.target not in defs and not st.code.startswith(st.target + " = "):
+                return None  # updates in place a value made before the run
+            defs.setdefault(st.target, p)
         inner.append(defs)
     slots = []
     for p in range(length):
