@@ -485,3 +485,20 @@ def test_torch_does_the_heads_of_an_attention_as_one_stacked_chain():
         for k in t:
             if k not in "XY":
                 assert torch.allclose(-got[k], t[k].grad, rtol=1e-9, atol=1e-12), k
+
+
+def test_a_gradient_that_sums_an_axis_is_summed_over_the_batch_in_the_same_reduction():
+    # a bias's gradient, ones^t A: one reduction over the batch and the rows, not two
+    p = fdsl.parse("dim n = 5, d = 3\nconst X : n x d\nconst C : n x 1 = ones\nconst R : 1 x d = ones\n"
+                   "A = C^t m(X)\nB = m(X) R^t\n")
+    rng = np.random.default_rng(13)
+    X = rng.standard_normal((4, 5, 3))
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims, target).source("test")
+        assert _body(source).count("_sum_total(") == 2 and ".sum(" not in _body(source), _body(source)
+        grads = codegen.compile_namespace(source)["grads"]
+        for x in (X, X[0]):
+            got = grads({"X": torch.tensor(x)} if target == "torch" else {"X": x})
+            r = np.maximum(x, 0).reshape(-1, 5, 3)
+            assert np.allclose(np.asarray(got["A"]), r.sum(axis=(0, 1))[None, :])
+            assert np.allclose(np.asarray(got["B"]), r.sum(axis=(0, 2))[:, None])

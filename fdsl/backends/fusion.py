@@ -128,6 +128,25 @@ def summed_product(body: list, var: str) -> bool:
     return True
 
 
+_REDUCTION = re.compile(r"(\w+) = ([\w.]+)\.sum\((dim|axis)=(-[12]), (keepdims?)=True\)((?:\.mT)?)\Z")
+
+
+def summed_reduction(body: list, var: str) -> bool:
+    """Sum a gradient that is a sum along an axis (a bias's, a gain's: ``G = A.sum(dim=-1,
+    keepdim=True)``), read by nothing but the return, over the batch in the same reduction:
+    ``_sum_total(A, -1, _nb)``, one reduction over the batch and the axis instead of two. False:
+    left as it is."""
+    defining = [i for i, st in enumerate(body) if var in targets(st)]
+    if len(defining) != 1 or any(var in st.uses for st in body if var not in targets(st)):
+        return False
+    i = defining[0]
+    m = _REDUCTION.match(body[i].code)
+    if m is None or m.group(1) != var:
+        return False
+    body[i] = body[i]._replace(code="%s = _sum_total(%s, %s, _nb)%s" % (var, m.group(2), m.group(4), m.group(6)))
+    return True
+
+
 # ---- products that share an operand ---------------------------------------------------------------
 
 

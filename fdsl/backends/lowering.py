@@ -67,6 +67,7 @@ from .fusion import (
     shared_scalings,
     stacked_heads,
     summed_product,
+    summed_reduction,
     transposed_reads,
     unlet,
 )
@@ -435,7 +436,8 @@ class Lowering(ModuleWriter):
                 code = "_copy(%s)" % ref.expr()
                 results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
             else:
-                summed = bool(self.batched) and summed_product(self.body, ref.var)
+                summed = bool(self.batched) and (summed_product(self.body, ref.var)
+                                                 or summed_reduction(self.body, ref.var))
                 results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
         folds = self._batched_vars() if self.target.folds_batches else None
