@@ -436,8 +436,7 @@ class Lowering(ModuleWriter):
                 code = "_copy(%s)" % ref.expr()
                 results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
             else:
-                summed = bool(self.batched) and (summed_product(self.body, ref.var)
-                                                 or summed_reduction(self.body, ref.var))
+                summed = bool(self.batched) and any(f(self.body, ref.var) for f in (summed_product, summed_reduction))
                 results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
         folds = self._batched_vars() if self.target.folds_batches else None
@@ -445,15 +444,14 @@ class Lowering(ModuleWriter):
         self.body = shared_scalings(group_products(group_sums(transposed_reads(self.body, returned, folds), folds)))
         if self.target.folds_batches:  # torch: a product of two batches is one bmm, not matmul's five calls
             self.body = batched_products(self.body, self._batched_vars())
-            # and the heads of an attention as one stacked chain (torch.stack and unbind views)
-            if self.loss is not None:
-                returned.add(self.ref(self.loss).var)
+            # and the heads of an attention as one chain on stacks (fusion.stacked_heads)
+            returned |= {self.ref(self.loss).var} if self.loss is not None else set()
             shapes = {ref.var: (b.shape[::-1] if ref.flip else b.shape) for b, ref in self.refs.items()
                       if not ref.scalar and not b.scalar}
             for key, (var, f) in self.avail.items():  # the products within products (a grouped one's slices)
-                rows = self._oriented_shape((self.order[key[0][0]], key[0][1]))[0]
-                cols = self._oriented_shape((self.order[key[-1][0]], key[-1][1]))[1]
-                shapes.setdefault(var, (cols, rows) if f else (rows, cols))
+                ends = (self._oriented_shape((self.order[key[0][0]], key[0][1]))[0],
+                        self._oriented_shape((self.order[key[-1][0]], key[-1][1]))[1])
+                shapes.setdefault(var, ends[::-1] if f else ends)
             self.body = stacked_heads(self.body, self._batched_vars(), shapes, returned)
         return results
 
@@ -840,32 +838,27 @@ class Lowering(ModuleWriter):
         for _, negative, r, _ in rest:
             self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
         if len(set(keys)) == len(keys) and not broadcast0:
-            self.sums.append((frozenset(keys), flip, ref, canon(b)[0] in self.batched))
+            self.sums.append((frozenset(keys), flip, ref))
         return ref
 
     def _sum_from_earlier(self, b: Term, keys: list, flip: bool, parts: dict) -> Optional[_Ref]:
-        """A sum whose summands include every summand of a sum computed before, as that sum plus
-        the rest: a residual stream X + A_1 + ... + A_k, summed after each layer, adds each layer's
-        output to the last one's (as the forward does), instead of summing the stream from the
-        start again (the normal form keeps every sum flat)."""
-        have = set(keys)
-        if len(have) != len(keys):
-            return None
+        """A sum with every summand of a sum computed before as that sum plus the rest: a residual
+        stream adds each layer's output to the last layer's sum (as the forward does), instead of
+        the whole flat sum of the normal form again (then full parts, one with a batch first)."""
         best = None
-        for summands, stored_flip, ref, batched in self.sums:
-            if stored_flip == flip and summands < have and (best is None or len(summands) > len(best[0])):
-                best = (summands, ref, batched)
-        if best is None or len(best[0]) < 2:
+        for summands, stored_flip, ref in self.sums:
+            if stored_flip == flip and summands < set(keys) and (best is None or len(summands) > len(best[0])):
+                best = (summands, ref)
+        if best is None or len(best[0]) < 2 or len(set(keys)) != len(keys):
             return None
-        summands, earlier, _ = best
-        # full parts before rows; the first addition (out of place) carries the batch if one does
+        summands, earlier = best
         rest = sorted((p for key, p in parts.items() if key not in summands), key=lambda p: (not p[3], p[0]))
         (_, negative, second, _), rest = rest[0], rest[1:]
         head = "%s %s %s" % (earlier.var, "-" if negative else "+", second.expr())
         ref = self._new(b, lambda v: "%s = %s" % (v, head), [earlier.var, second.var], flip=flip)
         for _, negative, r, _ in rest:
             self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
-        self.sums.append((frozenset(keys), flip, ref, canon(b)[0] in self.batched))
+        self.sums.append((frozenset(keys), flip, ref))
         return ref
 
     def _mask(self, a: Term) -> _Ref:
