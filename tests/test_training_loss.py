@@ -8,6 +8,7 @@ against the numpy module of the same form and torch autograd."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -196,13 +197,15 @@ def test_named_and_natural_spellings_do_the_same_work(counted):
 
 def test_one_call_does_what_the_forward_and_one_backward_need(counted):
     got, auto = counted["named"].counts, counted["autograd"].counts
-    # 2 blocks x 2 heads of attention, and the softmax of the logits that cross-entropy's backward
-    # needs beside the log-softmax of the loss; a layer norm at each of its 5 places, forward
-    # and backward; a GELU per block, forward and backward
-    assert got["_softmax"] == 5 and got["_log_softmax"] == 1
+    # 2 blocks of 2 heads of attention, each block's heads one stacked softmax (torch: stacked_heads),
+    # and the softmax of the logits that cross-entropy's backward needs beside the log-softmax of
+    # the loss; a layer norm at each of its 5 places, forward and backward; a GELU per block,
+    # forward and backward
+    assert got["_softmax"] == 3 and got["_log_softmax"] == 1 and auto["_softmax"] == 4
     assert got["native_layer_norm"] == 5 and got["native_layer_norm_backward"] == 5
     assert got["gelu"] == 2 and got["gelu_backward"] == 2
-    assert got["_softmax_backward_data"] == auto["_softmax_backward_data"] + 4  # and tau's 4: aa(S, scores)
+    # the heads' softmax backward, stacked per block (autograd: one per head), and tau's 4: aa(S, scores)
+    assert auto["_softmax_backward_data"] == 4 and got["_softmax_backward_data"] == 2 + 4
     assert counted["named"].products() <= counted["autograd"].products(), (counted["named"].products(),
                                                                            counted["autograd"].products())
 
@@ -342,3 +345,160 @@ def test_torch_multiplies_two_batches_with_one_bmm():
         got = grads({"X": torch.tensor(x), "W": torch.tensor(W)})["A"].numpy()
         want = sum(np.maximum(e @ W @ e.T, 0) for e in (x if x.ndim == 3 else [x]))
         assert np.allclose(got, want)
+
+
+def test_a_sum_that_extends_an_earlier_sum_adds_to_it():
+    # a residual stream: X + X W is summed once, and X + X W - X W V is that sum minus X W V (as
+    # the forward adds each layer's output to the last), not X + X W - X W V summed from the start
+    p = fdsl.parse("dim n = 5, d = 3\nconst X : n x d\nweight W, V : d x d\nA = m(X + X W)\n"
+                   "B = m(X + X W - X W V) + A\n")
+    rng = np.random.default_rng(7)
+    vals = {"X": rng.standard_normal((2, 5, 3)), "W": rng.standard_normal((3, 3)), "V": rng.standard_normal((3, 3))}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims, target).source("test")
+        body = _body(source)
+        assert body.count("X + ") + body.count("+= X\n") == 1 and body.count(" - ") == 1, body
+        got = codegen.compile_namespace(source)["grads"]({k: torch.tensor(v) for k, v in vals.items()}
+                                                         if target == "torch" else vals)
+        a = [np.maximum(x + x @ vals["W"], 0) for x in vals["X"]]
+        b = [np.maximum(x + x @ vals["W"] - x @ vals["W"] @ vals["V"], 0) + ai for x, ai in zip(vals["X"], a)]
+        assert np.allclose(np.asarray(got["A"]), sum(a)) and np.allclose(np.asarray(got["B"]), sum(b))
+
+
+def test_a_subtracted_product_joins_the_sum_of_products():
+    # X A U - X B V + X: [X A, X B] [U; V] with one side negated, -(L R) = (-L) R
+    p = fdsl.parse("dim n = 5, d = 4, k = 3\nconst X : n x d\nweight A, B : d x k, U, V : k x d\n"
+                   "G = m(X A U - X B V + X)\n")
+    rng = np.random.default_rng(8)
+    vals = {"X": rng.standard_normal((2, 5, 4)), **{k: rng.standard_normal((4, 3)) for k in "AB"},
+            **{k: rng.standard_normal((3, 4)) for k in "UV"}}
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"G": p["G"]}, p.dims, target).source("test")
+        assert "_sum_of_products(" in _body(source) and "(-" in _body(source), _body(source)
+        got = codegen.compile_namespace(source)["grads"]({k: torch.tensor(v) for k, v in vals.items()}
+                                                         if target == "torch" else vals)
+        want = sum(np.maximum(x @ vals["A"] @ vals["U"] - x @ vals["B"] @ vals["V"] + x, 0) for x in vals["X"])
+        assert np.allclose(np.asarray(got["G"]), want)
+
+
+def test_the_chargpt_scales_each_score_adjoint_once():
+    # the attention's score adjoints, read by a weight's gradient and by the adjoint below, are
+    # scaled by s once for both (shared_scalings), not once in each (gradients: the chargpt test)
+    from fdsl.calculus.gradients import loss_of
+
+    p = fdsl.load(ROOT / "examples" / "chargpt.fd")
+    source = codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", "torch", loss=loss_of(p["w"]))
+    body = source.split("def grads_and_loss(")[1].split("def grads(")[0]
+    s = repr(12 ** -0.5)
+    backward = body[body.index("_aa_given("):]
+    assert backward.count(s) == 16 and len(re.findall(r"\w+_s = %s \* \w+\n" % re.escape(s), backward)) == 16, backward
+
+
+def test_a_variable_scaled_in_two_statements_is_scaled_once():
+    from fdsl.backends.fusion import Stmt, shared_scalings
+
+    body = [Stmt("a", "a = X @ W", ("X", "W")), Stmt("b", "b = (0.5 * a.mT) @ V", ("a", "V")),
+            Stmt("c", "c = (0.5 * a).mT + Z", ("a", "Z")), Stmt("e", "e = (2.0 * a) + a", ("a",))]
+    out = shared_scalings(body)
+    assert [st.code for st in out] == ["a = X @ W", "a_s = 0.5 * a", "b = a_s.mT @ V", "c = a_s.mT + Z",
+                                       "e = (2.0 * a) + a"], out
+    assert "a_s" in out[2].uses and "a_s" in out[3].uses
+    rng = np.random.default_rng(11)
+    env = {"X": rng.standard_normal((3, 4)), "W": rng.standard_normal((4, 2)), "V": rng.standard_normal((3, 5)),
+           "Z": rng.standard_normal((2, 3))}
+    got = []
+    for stmts in (body, out):
+        ns = dict(env)
+        for st in stmts:
+            exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
+        got.append((ns["b"], ns["c"]))
+    assert np.allclose(got[0][0], got[1][0]) and np.allclose(got[0][1], got[1][1])
+
+
+def test_a_product_read_only_transposed_is_computed_transposed():
+    from fdsl.backends.fusion import Stmt, transposed_reads
+
+    rng = np.random.default_rng(10)
+    env = {"X": rng.standard_normal((4, 3)), "W": rng.standard_normal((4, 2)), "V": rng.standard_normal((3, 5)),
+           "Z": rng.standard_normal((3, 2))}
+    body = [Stmt("a", "a = X.mT @ W", ("X", "W")), Stmt("b", "b = (0.5 * a).mT @ V", ("a", "V")),
+            Stmt("c", "c = a.mT @ Z", ("a", "Z"))]
+    turned = transposed_reads(body, set())
+    assert [st.code for st in turned] == ["a = W.mT @ X", "b = (0.5 * a) @ V", "c = a @ Z"], turned
+    for stmts in (body, turned):
+        ns = dict(env)
+        for st in stmts:
+            exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
+        assert np.allclose(ns["b"], 0.5 * (env["X"].T @ env["W"]).T @ env["V"])
+        assert np.allclose(ns["c"], (env["X"].T @ env["W"]).T @ env["Z"])
+    # a reader of the product as it is, an elementwise reader (its operands keep one layout), a
+    # returned product, or a batch that would leave the left side: the product stays as it is
+    plain = body + [Stmt("e", "e = a * 2.0", ("a",))]
+    elementwise = body + [Stmt("e", "e = a.mT + Z.mT", ("a", "Z"))]
+    assert transposed_reads(plain, set()) == plain and transposed_reads(elementwise, set()) == elementwise
+    assert transposed_reads(body, {"a"}) == body and transposed_reads(body, set(), {"X"}) == body
+
+
+HEADS = """dim n = 6, d = 16, k = 4
+const X : n x d, Y : n x d
+scalar s = k^(-1/2)
+weight E : d x d, Q[j], K[j], V[j] : d x k, O[j] : k x d
+head(j, Z) = a(s Z Q[j] K[j]^t Z^t) Z V[j] O[j]
+L = -trace(Y^t logsoftmax(head(0, X E) + head(1, X E)))
+w = -d(L)
+"""
+
+
+def _heads_loss(t):
+    z = t["X"] @ t["E"]
+    out = 0
+    for j in range(2):
+        scores = torch.softmax(0.5 * z @ t["Q_%d" % j] @ t["K_%d" % j].mT @ z.mT, dim=-1)
+        out = out + scores @ z @ t["V_%d" % j] @ t["O_%d" % j]
+    return -(t["Y"] * torch.log_softmax(out, dim=-1)).sum()
+
+
+def test_torch_does_the_heads_of_an_attention_as_one_stacked_chain():
+    # each head's scores, softmax and products are one statement on a stack of the heads (a head
+    # axis before the last two), forward and backward; gradients against torch autograd
+    from fdsl.calculus.gradients import loss_of
+
+    p = fdsl.parse(HEADS)
+    source = codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", "torch", loss=loss_of(p["w"]))
+    body = source.split("def grads_and_loss(")[1].split("def grads(")[0]
+    assert "torch.stack((" in body and "_h = _softmax(" in body and "_h = _aa_given(" in body, body
+    # every softmax of the heads is one of the stack (the other is the logits')
+    assert body.count("_h = _softmax(") == body.count(" _softmax(") - 1 >= 1, body
+    numpy_body = _body(codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", "numpy"))
+    assert "stack" not in numpy_body
+    ns = codegen.compile_namespace(source)
+    rng = np.random.default_rng(12)
+    vals = {"X": rng.standard_normal((3, 6, 16)), "Y": rng.random((3, 6, 16)), "E": rng.standard_normal((16, 16)) / 4,
+            **{"%s_%d" % (w, j): rng.standard_normal((16, 4)) / 4 for w in "QKV" for j in range(2)},
+            **{"O_%d" % j: rng.standard_normal((4, 16)) / 2 for j in range(2)}}
+    for batch in (vals, {k: v[0] if k in "XY" else v for k, v in vals.items()}):
+        t = {k: torch.tensor(v, requires_grad=k not in "XY") for k, v in batch.items()}
+        _heads_loss(t).backward()
+        with torch.no_grad():
+            got, value = ns["grads_and_loss"]({k: v.detach() for k, v in t.items()})
+        assert abs(float(value) - float(_heads_loss(t).detach())) <= 1e-12 * abs(float(value))
+        for k in t:
+            if k not in "XY":
+                assert torch.allclose(-got[k], t[k].grad, rtol=1e-9, atol=1e-12), k
+
+
+def test_a_gradient_that_sums_an_axis_is_summed_over_the_batch_in_the_same_reduction():
+    # a bias's gradient, ones^t A: one reduction over the batch and the rows, not two
+    p = fdsl.parse("dim n = 5, d = 3\nconst X : n x d\nconst C : n x 1 = ones\nconst R : 1 x d = ones\n"
+                   "A = C^t m(X)\nB = m(X) R^t\n")
+    rng = np.random.default_rng(13)
+    X = rng.standard_normal((4, 5, 3))
+    for target in ("numpy", "torch"):
+        source = codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims, target).source("test")
+        assert _body(source).count("_sum_total(") == 2 and ".sum(" not in _body(source), _body(source)
+        grads = codegen.compile_namespace(source)["grads"]
+        for x in (X, X[0]):
+            got = grads({"X": torch.tensor(x)} if target == "torch" else {"X": x})
+            r = np.maximum(x, 0).reshape(-1, 5, 3)
+            assert np.allclose(np.asarray(got["A"]), r.sum(axis=(0, 1))[None, :])
+            assert np.allclose(np.asarray(got["B"]), r.sum(axis=(0, 2))[:, None])

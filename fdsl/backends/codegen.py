@@ -57,8 +57,17 @@ class FdslLoss(torch.autograd.Function):
         g, shapes = ctx.grads, ctx.shapes
         del ctx.grads, ctx.shapes
         scale = -grad_loss
-        return (None,) + tuple((g[name] * scale).reshape(shape) if name in g and shape is not None else None
-                               for name, shape in zip(TRAINED, shapes))
+        # the gradients that are tensors scaled by one foreach product (one aten call, not one per weight)
+        names = [name for name in g if torch.is_tensor(g[name])]
+        scaled = dict(zip(names, torch._foreach_mul([g[name] for name in names], scale))) if names else {}
+        out = []
+        for name, shape in zip(TRAINED, shapes):
+            if name not in g or shape is None:
+                out.append(None)
+                continue
+            x = scaled[name] if name in scaled else g[name] * scale
+            out.append(x if x.shape == shape else x.reshape(shape))
+        return (None,) + tuple(out)
 
 
 def loss(values: dict):

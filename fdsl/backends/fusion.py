@@ -128,6 +128,25 @@ def summed_product(body: list, var: str) -> bool:
     return True
 
 
+_REDUCTION = re.compile(r"(\w+) = ([\w.]+)\.sum\((dim|axis)=(-[12]), (keepdims?)=True\)((?:\.mT)?)\Z")
+
+
+def summed_reduction(body: list, var: str) -> bool:
+    """Sum a gradient that is a sum along an axis (a bias's, a gain's: ``G = A.sum(dim=-1,
+    keepdim=True)``), read by nothing but the return, over the batch in the same reduction:
+    ``_sum_total(A, -1, _nb)``, one reduction over the batch and the axis instead of two. False:
+    left as it is."""
+    defining = [i for i, st in enumerate(body) if var in targets(st)]
+    if len(defining) != 1 or any(var in st.uses for st in body if var not in targets(st)):
+        return False
+    i = defining[0]
+    m = _REDUCTION.match(body[i].code)
+    if m is None or m.group(1) != var:
+        return False
+    body[i] = body[i]._replace(code="%s = _sum_total(%s, %s, _nb)%s" % (var, m.group(2), m.group(4), m.group(6)))
+    return True
+
+
 # ---- products that share an operand ---------------------------------------------------------------
 
 
@@ -185,20 +204,21 @@ def _place_group(body, kind, side, shared, members) -> Optional[list]:
 # ---- sums of products ------------------------------------------------------------------------------
 
 
-def group_sums(body: list) -> list:
+def group_sums(body: list, batched: Optional[set] = None) -> list:
     """Every sum accumulated from two or more products, ``G = a + b; G += c; ...`` whose summands
     are variables that products made for it alone, with those products as one (see the module
-    doc). The sum's other summands stay as they were."""
+    doc). The sum's other summands stay as they were. ``batched``: the variables that may carry a
+    batch axis, for a target that folds a batch on the left of a product into one (torch)."""
     i = 0
     while i < len(body):
-        grouped = _sum_at(body, i)
+        grouped = _sum_at(body, i, batched)
         if grouped is not None:
             body = grouped
         i += 1
     return body
 
 
-def _sum_at(body, head) -> Optional[list]:
+def _sum_at(body, head, batched=None) -> Optional[list]:
     m = _SUM_HEAD.match(body[head].code)
     if m is None or m.group(1) != body[head].target:
         return None
@@ -215,7 +235,7 @@ def _sum_at(body, head) -> Optional[list]:
     members = []  # (position in terms, the statement of its product, left, right)
     for k, (sign, expr) in enumerate(terms):
         name = expr[:-3] if expr.endswith(".mT") else expr
-        if sign != "+" or not name.isidentifier() or len(writes.get(name, ())) != 1:
+        if not name.isidentifier() or len(writes.get(name, ())) != 1:
             continue
         i = writes[name][0]
         parts = product_parts(body[i].code)
@@ -227,6 +247,8 @@ def _sum_at(body, head) -> Optional[list]:
         operands = [u for u in body[i].uses if u != name]
         if not _unchanged(writes, operands, i, head, (i,)):
             continue
+        if sign == "-":  # a subtracted product, - L R = (-L) R: one negation, not a product and a sum
+            lhs = "(-%s)" % lhs
         members.append((k, i, lhs, rhs, expr.endswith(".mT")))
     if len(members) < 2:
         return None
@@ -235,6 +257,13 @@ def _sum_at(body, head) -> Optional[list]:
     flip = sum(m[4] for m in members) * 2 > len(members)
     members = [(k, i, lhs, rhs) if f == flip else (k, i, transposed(rhs), transposed(lhs))
                for k, i, lhs, rhs, f in members]
+    # or all of them transposed, read without a view, where that needs fewer transposed views:
+    # sum_i (A_i^t B_i^t)^t as sum_i B_i A_i (each .mT is a dispatched call, and cat copies it)
+    # (a batch stays on the left, where torch folds it into one product: (B n, k) @ (k, d))
+    turned = [(k, i, transposed(rhs), transposed(lhs)) for k, i, lhs, rhs in members]
+    if _views(turned) + flip < _views(members) + (not flip) and not (
+            batched is not None and _reads(members, 2, batched) and not _reads(turned, 2, batched)):
+        members, flip = turned, not flip
     first = members[0][0]
     s, taken = var + "_sp", {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
     while s in taken:
@@ -243,7 +272,7 @@ def _sum_at(body, head) -> Optional[list]:
                                                                   ", ".join(m[3] for m in members)),
                    tuple(dict.fromkeys(u for m in members for u in body[m[1]].uses if u != body[m[1]].target)))
     dropped = {m[0] for m in members[1:]}
-    kept = [(sign, (s + ".mT" if flip else s) if k == first else expr) for k, (sign, expr) in enumerate(terms)
+    kept = [("+", s + ".mT" if flip else s) if k == first else (sign, expr) for k, (sign, expr) in enumerate(terms)
             if k not in dropped]
     chain = []
     if len(kept) == 1:
@@ -257,8 +286,107 @@ def _sum_at(body, head) -> Optional[list]:
     return before + [product] + chain + body[end:]
 
 
+def _reads(members, side: int, variables: set) -> bool:
+    """Whether an operand on ``side`` (2: left, 3: right) of a member reads one of ``variables``."""
+    return any(set(re.findall(r"[A-Za-z_]\w*", m[side])) & variables for m in members)
+
+
+def _views(members) -> int:
+    """The transposed views that the operands of a sum of products read."""
+    return sum(side.count(".mT") for m in members for side in m[2:])
+
+
 def _names(*exprs) -> tuple:
     return tuple(e[:-3] if e.endswith(".mT") else e for e in exprs)
+
+
+# ---- products read transposed --------------------------------------------------------------------
+
+
+def transposed_reads(body: list, kept: set, batched: Optional[set] = None) -> list:
+    """A product every reader of which is a product that reads it transposed (``v.mT``,
+    ``(c * v).mT``) computed transposed, ``v = L @ R`` as ``v = R^t @ L^t``, where that takes
+    fewer transposed views: the attention's score adjoints, which the weights' gradients and the
+    adjoint below both read as their transposes. Not where an elementwise operator reads it (its
+    operands keep one layout: a kernel on a transposed and a plain operand is many times slower),
+    nor where a batch would leave the left side (``batched``: the variables that may carry one,
+    for a target that folds a batch on the left into one product). ``kept``: variables read
+    outside the body (the results), left as they are."""
+    writes, reads = _index(body)
+    out = list(body)
+    for i in range(len(out)):
+        st = out[i]  # as an earlier turn left it
+        parts = product_parts(st.code)
+        if parts is None or parts[1] != "mm" or parts[0] != st.target:
+            continue
+        v = st.target
+        if v in kept or len(writes.get(v, ())) != 1:
+            continue
+        word = re.compile(r"(?<![\w.])%s(?!\w)" % re.escape(v))
+        flipped = re.compile(r"(?<![\w.])%s\.mT|\((\d[\w.+-]*) \* %s\)\.mT" % (re.escape(v), re.escape(v)))
+        readers = [j for j in reads.get(v, ()) if j != i]
+        if not readers or any(product_parts(out[j].code) is None or len(word.findall(out[j].code))
+                              != len(flipped.findall(out[j].code)) for j in readers):
+            continue
+        left, right = transposed(parts[3]), transposed(parts[2])
+        if batched is not None and _reads([parts], 2, batched) and not _reads([(0, 0, left, right)], 2, batched):
+            continue
+        saved = sum(len(flipped.findall(out[j].code)) for j in readers)
+        if (left + right).count(".mT") - (parts[2] + parts[3]).count(".mT") >= saved:
+            continue
+        out[i] = st._replace(code="%s = %s @ %s" % (v, left, right))
+        for j in readers:
+            out[j] = out[j]._replace(code=flipped.sub(lambda m: v if m.group(1) is None else "(%s * %s)"
+                                                     % (m.group(1), v), out[j].code))
+    return out
+
+
+# ---- a variable scaled by a number in several statements ------------------------------------------
+
+
+_SCALED = re.compile(r"\((\d[\w.+-]*) \* (\w+)(\.mT)?\)(\.mT)?")
+
+
+def shared_scalings(body: list) -> list:
+    """A variable scaled by the same number in two or more statements, ``(c * v)`` (or a view of
+    it, ``(c * v.mT)``, ``(c * v).mT``), scaled once: ``v_s = c * v`` before the first of them,
+    which read ``v_s`` (or ``v_s.mT``). The products of an attention's backward read the scaled
+    scores both in a weight's gradient and in the adjoint of the layer below."""
+    writes, _ = _index(body)
+    seen: dict = {}  # (number, variable) -> the statements that scale it
+    for i, st in enumerate(body):
+        for m in _SCALED.finditer(st.code):
+            seen.setdefault((m.group(1), m.group(2)), []).append(i)
+    shared = {key: at for key, at in seen.items() if len(at) >= 2 and len(writes.get(key[1], ())) == 1
+              and writes[key[1]][0] < at[0]}
+    if not shared:
+        return body
+    taken = {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
+    names: dict = {}
+    for c, v in shared:
+        name = v + "_s"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        names[(c, v)] = name
+
+    def replace(m):
+        name = names.get((m.group(1), m.group(2)))
+        if name is None:
+            return m.group(0)
+        return name + (".mT" if bool(m.group(3)) != bool(m.group(4)) else "")
+
+    out = []
+    for i, st in enumerate(body):
+        for key in [k for k, at in shared.items() if min(at) == i]:
+            out.append(Stmt(names[key], "%s = %s * %s" % (names[key], key[0], key[1]), (key[1],)))
+        code = _SCALED.sub(replace, st.code)
+        if code != st.code:
+            st = st._replace(code=code, uses=tuple(dict.fromkeys(st.uses + tuple(
+                names[(m.group(1), m.group(2))] for m in _SCALED.finditer(st.code)
+                if (m.group(1), m.group(2)) in names))))
+        out.append(st)
+    return out
 
 
 # ---- products of two batches -----------------------------------------------------------------------
@@ -276,3 +404,178 @@ def batched_products(body: list, batched: set) -> list:
             st = st._replace(code="%s = _bmm(%s, %s)" % (parts[0], parts[2], parts[3]))
         out.append(st)
     return out
+
+
+# ---- the heads of an attention as one stacked computation ------------------------------------------
+
+# what a statement of a stacked chain may call besides its variables: operators on the last two
+# axes, which act on each matrix of a stack (a head axis before them) alike
+_STACKABLE = {"_bmm", "_softmax", "_aa_given", "mT"}
+_WORD = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+def _template(st) -> Optional[tuple]:
+    """(the code with its variables as {0}, {1}, ... in order of appearance, those variables), or
+    None for a statement that is not one of a chain that can be stacked."""
+    if len(targets(st)) != 1 or st.target is None:
+        return None
+    names = set(st.uses) | {st.target}
+    order: list = []
+    parts, at = [], 0
+    for m in _WORD.finditer(st.code):
+        word = m.group(0)
+        if word not in names:
+            if word not in _STACKABLE:
+                return None
+            continue
+        if word not in order:
+            order.append(word)
+        parts += [st.code[at:m.start()].replace("{", "{{").replace("}", "}}"), "{%d}" % order.index(word)]
+        at = m.end()
+    parts.append(st.code[at:].replace("{", "{{").replace("}", "}}"))
+    return "".join(parts), tuple(order)
+
+
+def stacked_heads(body: list, batched: set, shapes: dict, kept: set) -> list:
+    """Runs of h alike chains of statements, one after the other (the heads of an attention, each
+    ``scores = _bmm((s * q), k.mT); ... ; out = _bmm(p, v)`` on its own slices of the grouped
+    Q, K, V product), done as one chain on stacks of h matrices: the per-head operands stacked
+    along a head axis before the last two (``torch.stack(..., -3)``, or a stack made before: the
+    forward's probabilities, read again by the backward), one statement for each statement of a
+    chain, and the results read after it as views of the stack (``unbind(-3)``). So the 4 heads'
+    products are one batched product each, as autograd's multi-head attention does them.
+    ``batched``: the variables that may carry a batch axis; ``shapes``: variable -> its shape
+    (stacked operands must agree in shape and batch); ``kept``: variables read after the body."""
+    temps = [_template(st) for st in body]
+    writes, reads = _index(body)
+    stacks: dict = {}  # tuple of variables -> (the stack of them, as a variable), for reuse
+    taken = {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
+    out: list = []
+    i = 0
+    while i < len(body):
+        best = None
+        for length in range(1, 13):
+            if i + 2 * length > len(body) or any(t is None for t in temps[i:i + length]):
+                break
+            h = 1
+            while i + (h + 1) * length <= len(body) and all(
+                    temps[i + h * length + p] is not None and temps[i + h * length + p][0] == temps[i + p][0]
+                    for p in range(length)):
+                h += 1
+            if h >= 2 and (best is None or h * length > best[0] * best[1]) and any(
+                    "_bmm(" in t[0] or " @ " in t[0] for t in temps[i:i + length]):  # a product to batch
+                plan = _stack_plan(body, temps, i, length, h, writes, reads, batched, shapes, kept, stacks)
+                if plan is not None:
+                    best = (h, length, plan)
+        if best is None:
+            out.append(body[i])
+            i += 1
+            continue
+        h, length, (order, slots, results) = best
+        names: dict = {}  # tuple of variables -> the variable of their stack
+
+        def fresh(base):
+            name = base + "_h"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            return name
+
+        for kind, tup in (slot for stmt_slots in slots for slot in stmt_slots):
+            if kind == "shared" or tup in names:
+                continue
+            if kind == "outer":
+                if tup in stacks:
+                    names[tup] = stacks[tup]
+                    continue
+                names[tup] = fresh(tup[0])
+                out.append(Stmt(names[tup], "%s = torch.stack((%s,), -3)" % (names[tup], ", ".join(tup)), tup))
+                if all(len(writes.get(v, ())) == 1 for v in tup):
+                    stacks[tup] = names[tup]
+            else:
+                names[tup] = fresh(tup[0])
+        for p in range(length):
+            template, _ = temps[i + order[0] * length + p]
+            # a shared operand with a batch axis gets a head axis of 1 before its matrices, so that
+            # it broadcasts against the stacks (batch, heads, rows, cols), not the batch against the heads
+            args = [(tup[0] + ".unsqueeze(-3)" if tup[0] in batched else tup[0]) if kind == "shared" else names[tup]
+                    for kind, tup in slots[p]]
+            target = body[i + order[0] * length + p].target
+            at = temps[i + order[0] * length + p][1].index(target)
+            out.append(Stmt(args[at], template.format(*args),
+                            tuple(dict.fromkeys(a.split(".")[0] for a in args))))
+        for tup in results:
+            out.append(Stmt(tup[0], "%s = %s.unbind(-3)" % (", ".join(tup), names[tup]), (names[tup],)))
+            stacks[tup] = names[tup]
+        i += h * length
+    # views of a stack that nothing reads now (a later run read the stack itself) are not made
+    read = {u for st in out for u in st.uses} | set(kept)
+    return [st for st in out if not (st.code.endswith(".unbind(-3)") and not read & set(targets(st)))]
+
+
+def _stack_plan(body, temps, i, length, h, writes, reads, batched, shapes, kept, stacks) -> Optional[tuple]:
+    """(the order of the heads, each statement's slots as ("shared", (v,)), ("outer", one variable
+    per head: stacked before), ("inner", one per head: made in the chains), the inner tuples read
+    after the run) for the run of ``h`` chains of ``length`` statements from ``i``; None where the
+    chains are not alike (a variable of one head read by another, a per-head operand made or
+    updated within the run, operands of different shapes or batching)."""
+    end = i + h * length
+    inner: list = []  # per head: variable -> position of the statement that first assigns it
+    for j in range(h):
+        defs: dict = {}
+        for p in range(length):
+            st = body[i + j * length + p]
+            if st.target not in defs and not st.code.startswith(st.target + " = "):
+                return None  # updates in place a value made before the run
+            defs.setdefault(st.target, p)
+        inner.append(defs)
+    slots = []
+    for p in range(length):
+        per = [temps[i + j * length + p][1] for j in range(h)]
+        if len({len(vs) for vs in per}) != 1:
+            return None
+        row = []
+        for s in range(len(per[0])):
+            tup = tuple(per[j][s] for j in range(h))
+            where = [inner[j].get(v) for j, v in enumerate(tup)]
+            if all(w is not None for w in where):
+                if len(set(where)) != 1 or where[0] > p or len(set(tup)) != h:
+                    return None
+                row.append(("inner", tup))
+            elif any(w is not None for w in where):
+                return None
+            elif len(set(tup)) == 1:
+                if any(i <= w < end for w in writes.get(tup[0], ())):
+                    return None
+                row.append(("shared", tup[:1]))
+            else:
+                if len(set(tup)) != h or any(i <= w < end for v in tup for w in writes.get(v, ())):
+                    return None
+                if len({v in batched for v in tup}) != 1 or len({shapes.get(v) for v in tup}) != 1 \
+                        or shapes.get(tup[0]) is None:
+                    return None
+                row.append(("outer", tup))
+        slots.append(row)
+    # the heads in the order of a stack made before, where one of the operands has one
+    order = list(range(h))
+    for row in slots:
+        for kind, tup in row:
+            if kind == "outer" and tup not in stacks:
+                for made in stacks:
+                    if set(made) == set(tup):
+                        order = [tup.index(v) for v in made]
+                        break
+                else:
+                    continue
+                break
+        else:
+            continue
+        break
+    slots = [[(kind, tup if kind == "shared" else tuple(tup[j] for j in order)) for kind, tup in row] for row in slots]
+    results = []
+    for row in slots:
+        for kind, tup in row:
+            if kind == "inner" and tup not in results and any(
+                    v in kept or any(r >= end for r in reads.get(v, ())) for v in tup):
+                results.append(tup)
+    return order, slots, results

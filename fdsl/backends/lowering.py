@@ -60,7 +60,17 @@ from ..core.ops import OPS
 from ..core.printers import short
 from ..core.terms import Term, postorder
 from .fusion import Stmt as _Stmt
-from .fusion import batched_products, group_products, group_sums, summed_product, unlet
+from .fusion import (
+    batched_products,
+    group_products,
+    group_sums,
+    shared_scalings,
+    stacked_heads,
+    summed_product,
+    summed_reduction,
+    transposed_reads,
+    unlet,
+)
 from .fusion import transposed as _transposed
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter
@@ -145,6 +155,7 @@ class Lowering(ModuleWriter):
         self.masks: dict = {}  # base -> variable holding (value of base > 0) in its storage
         self.softmaxes: dict = {}  # (base, flip) -> _Ref of the row softmax of that argument
         self.layernorm_stats: dict = {}  # (base, flip) -> the variables of its row mean and 1/sigma
+        self.sums: list = []  # (summands as (sign, broadcast, base, flip), flip, _Ref) of each sum computed
         self.const_memo: dict = {}
         self.flops = 0  # multiply-adds of the matrix products, for reports
         self.runtime_dims: dict = {}  # dim name -> variable
@@ -425,12 +436,23 @@ class Lowering(ModuleWriter):
                 code = "_copy(%s)" % ref.expr()
                 results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
             else:
-                summed = bool(self.batched) and summed_product(self.body, ref.var)
+                summed = bool(self.batched) and any(f(self.body, ref.var) for f in (summed_product, summed_reduction))
                 results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
                 handed_out.add(ref.var)
-        self.body = group_products(group_sums(self.body))
+        folds = self._batched_vars() if self.target.folds_batches else None
+        returned = {v for (codes, uses) in results.values() for v in uses}
+        self.body = shared_scalings(group_products(group_sums(transposed_reads(self.body, returned, folds), folds)))
         if self.target.folds_batches:  # torch: a product of two batches is one bmm, not matmul's five calls
             self.body = batched_products(self.body, self._batched_vars())
+            # and the heads of an attention as one chain on stacks (fusion.stacked_heads)
+            returned |= {self.ref(self.loss).var} if self.loss is not None else set()
+            shapes = {ref.var: (b.shape[::-1] if ref.flip else b.shape) for b, ref in self.refs.items()
+                      if not ref.scalar and not b.scalar}
+            for key, (var, f) in self.avail.items():  # the products within products (a grouped one's slices)
+                ends = (self._oriented_shape((self.order[key[0][0]], key[0][1]))[0],
+                        self._oriented_shape((self.order[key[-1][0]], key[-1][1]))[1])
+                shapes.setdefault(var, ends[::-1] if f else ends)
+            self.body = stacked_heads(self.body, self._batched_vars(), shapes, returned)
         return results
 
     def _batched_vars(self) -> set:
@@ -781,13 +803,17 @@ class Lowering(ModuleWriter):
 
     def _sum(self, b: Term) -> _Ref:
         flip = self.store_flip.get(b, False)
-        parts = []
+        parts, keys = [], []
         for s in b.args:
             sign, broadcast, t = self._summand(s)
             ref = self.ref(t)
             if flip:
                 ref = ref.t()
             parts.append((broadcast, sign < 0, ref, canon(t)[0] in self.batched))
+            keys.append((sign, broadcast, *canon(t)))
+        reused = self._sum_from_earlier(b, keys, flip, dict(zip(keys, parts)))
+        if reused is not None:
+            return reused
         # full positive, full negative, rows: the first is full; among them, one that may carry a
         # batch axis first, so that the rest can be added in place into it
         parts.sort(key=lambda p: (p[0], not p[3], p[1]))
@@ -811,6 +837,28 @@ class Lowering(ModuleWriter):
         ref = self._new(b, lambda v: "%s = %s" % (v, head), uses, flip=flip)
         for _, negative, r, _ in rest:
             self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
+        if len(set(keys)) == len(keys) and not broadcast0:
+            self.sums.append((frozenset(keys), flip, ref))
+        return ref
+
+    def _sum_from_earlier(self, b: Term, keys: list, flip: bool, parts: dict) -> Optional[_Ref]:
+        """A sum with every summand of a sum computed before as that sum plus the rest: a residual
+        stream adds each layer's output to the last layer's sum (as the forward does), instead of
+        the whole flat sum of the normal form again (then full parts, one with a batch first)."""
+        best = None
+        for summands, stored_flip, ref in self.sums:
+            if stored_flip == flip and summands < set(keys) and (best is None or len(summands) > len(best[0])):
+                best = (summands, ref)
+        if best is None or len(best[0]) < 2 or len(set(keys)) != len(keys):
+            return None
+        summands, earlier = best
+        rest = sorted((p for key, p in parts.items() if key not in summands), key=lambda p: (not p[3], p[0]))
+        (_, negative, second, _), rest = rest[0], rest[1:]
+        head = "%s %s %s" % (earlier.var, "-" if negative else "+", second.expr())
+        ref = self._new(b, lambda v: "%s = %s" % (v, head), [earlier.var, second.var], flip=flip)
+        for _, negative, r, _ in rest:
+            self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
+        self.sums.append((frozenset(keys), flip, ref))
         return ref
 
     def _mask(self, a: Term) -> _Ref:

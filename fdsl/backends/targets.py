@@ -220,6 +220,14 @@ def _total(x, nb):
     return x.sum(axis=0) if x.ndim == 3 else x * nb
 
 
+def _sum_total(x, axis, nb):
+    """x.sum(axis, keepdims=True) summed over the batch too (a gradient), as one reduction."""
+    if x.ndim == 3:
+        return x.sum(axis=(0, axis), keepdims=True)[0]
+    s = x.sum(axis=axis, keepdims=True)
+    return s * nb if nb else s
+
+
 def _matmul_total(A, B, nb):
     """A @ B summed over the batch (a gradient): for two batches sum_b A_b B_b as one product, the
     examples side by side along the inner axis; a product that no example changes counts nb times."""

@@ -102,6 +102,14 @@ def _total(x, nb):
     return x.sum(dim=0) if x.dim() == 3 else x * nb
 
 
+def _sum_total(x, dim, nb):
+    """x.sum(dim, keepdim=True) summed over the batch too (a gradient), as one reduction."""
+    if x.dim() == 3:
+        return x.sum(dim=(0, dim), keepdim=True)[0]
+    s = x.sum(dim=dim, keepdim=True)
+    return s * nb if nb else s
+
+
 def _bmm(A, B):
     """A @ B for two batches of matrices as the one call ``torch.bmm``; otherwise ``@``."""
     if A.dim() == 3 and B.dim() == 3:
