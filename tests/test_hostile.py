@@ -383,6 +383,14 @@ CASES = [
          ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "1", "--lr", "0.01", "--watch", "loss",
           "--watch", "cg_iterations", "--log", "l.csv"], code=0, stdout=r"wrote l\.csv",
          check=lambda d: _check_header(d / "l.csv", "step,loss,watch loss,watch cg_iterations")),
+    Case("operator-redefined-by-a-later-rule-file",
+         {"p.fd": 'rules "a.rules"\n' + HEAD + 'x = f(X)\nrules "b.rules"\nrandom 0\nshow eval(x - 2 X)\n',
+          "a.rules": "operator f(A) = A + A\n", "b.rules": "# the same name, another value\noperator f(A) = A + A + A\n"},
+         ["run", "p.fd"], message=r"^b\.rules:2:1: operator f is already defined, differently, at a\.rules:1"),
+    Case("operator-declared-again-the-same", {"p.fd": 'rules "a.rules"\nrules "b.rules"\n' + HEAD
+                                              + "random 0\nshow eval(f(X) - 2 X)\n",
+                                              "a.rules": "operator f(A) = A + A\n", "b.rules": "operator f(A) = A + A\n"},
+         ["run", "p.fd"], code=0, stdout=r"\[\[0\. 0\.\]\n \[0\. 0\.\]\]"),
     # ---- 8. cheap tracebacks -----------------------------------------------------------------------
     Case("eye-of-minus-one", {"p.fd": "show eval(eye(-1))\n"}, ["run", "p.fd"],
          message=r"^p\.fd:1:11: a size is a whole number of at least 1, not -1$"),
@@ -614,3 +622,25 @@ def test_printable_escapes_what_drives_a_terminal():
     assert printable("tab\tand\nline") == "tab\tand\nline"
     e = FdslError("bad \x1b[2J", "f\x1b.fd", 1, 4, "ab\x1bc\n")
     assert str(e) == "f\\x1b.fd:1:4: bad \\x1b[2J\n    ab\\x1bc\n          ^"  # the caret under c
+
+
+def test_a_second_program_cannot_redefine_an_operator_of_the_first(tmp_path):
+    """Operators are one table per process: a second program loaded in the same process whose rule
+    file gives an operator another value is refused, and the first program's terms keep theirs."""
+    import io
+
+    import fdsl
+    from fdsl.base.errors import FdslError
+
+    (tmp_path / "a.rules").write_text("operator hostile23f(A) = A + A\n")
+    (tmp_path / "b.rules").write_text("operator hostile23f(A) = A + A + A\n")
+    body = HEAD + "random 0\nx = hostile23f(X)\nshow eval(x - 2 X)\n"
+    (tmp_path / "p1.fd").write_text('rules "a.rules"\n' + body)
+    (tmp_path / "p2.fd").write_text('rules "b.rules"\n' + body)
+    first = fdsl.load(tmp_path / "p1.fd")
+    with pytest.raises(FdslError, match=r"operator hostile23f is already defined, differently, at .*a\.rules:1") as e:
+        fdsl.load(tmp_path / "p2.fd")
+    assert e.value.line == 1 and e.value.file.endswith("b.rules")
+    out = io.StringIO()
+    first.run(out)
+    assert out.getvalue() == "[[0. 0.]\n [0. 0.]]\n"

@@ -360,6 +360,7 @@ class RuleBook:
                                                          else None)
             return FdslError(message, display, line, col, text)
 
+        err.display = display
         for item in items:
             kind = item["kind"]
             if kind == "import":
@@ -494,10 +495,19 @@ class RuleBook:
                     fn, arity, "" if arity == 1 else "s", name, len(params)), where)
         if opts["body"] is not None:
             template = _body_template(name, params, opts["body"], err)
-        O.register(O.Op(name, len(params), O.same_shape_args(name),
-                        linear=tuple(params.index(l) for l in opts["linear"]),
-                        numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
-                        user=True, params=tuple(params), positive=tuple(sorted(positive))))
+        op = O.Op(name, len(params), O.same_shape_args(name), linear=tuple(params.index(l) for l in opts["linear"]),
+                  numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
+                  user=True, params=tuple(params), positive=tuple(sorted(positive)),
+                  where="%s:%d" % (err.display, item["line"]))
+        # Operators are one table per process and terms keep their operator's name only, so a second
+        # declaration with another meaning would change the values of terms already built (by this
+        # program or an earlier one in the same process): refused. The same declaration again (the
+        # same rule file loaded by a second program) is the same operator.
+        if existing is not None and existing.meaning() != op.meaning():
+            raise err("operator %s is already defined, differently, at %s; an operator keeps its first "
+                      "meaning for as long as fdsl runs: give this one another name" % (name, existing.where), item)
+        if existing is None:
+            O.register(op)
 
     def _compile_rule(self, item, ruleset, display, err, text) -> Rule:
         name = item["name"]
