@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator, Optional
 
-from ..base.numbers import power_problem
+from ..base.numbers import number_problem, power_problem
 from .ops import OPS, ShapeError
 
 _TABLE: dict = {}
@@ -197,9 +197,24 @@ def sym(symbol: Symbol, shape) -> Term:
     return _intern("sym", (), (symbol, shape), (1, 1) if scalar else shape, scalar)
 
 
+# The last number built beyond float64's range (None: none since it was last taken). Numbers a
+# program writes or folds are checked where they stand; the rewrite engine takes this after each
+# rule builds its right side, so a rule that doubles a coefficient forever stops at 2^1024 with the
+# rule's name instead of running on with ever longer exact numbers.
+_OUT_OF_RANGE: list = [None]
+
+
 def num(value) -> Term:
     value = Fraction(value)
+    if value and number_problem(value):
+        _OUT_OF_RANGE[0] = value
     return _intern("num", (), value, (1, 1), True)
+
+
+def take_out_of_range():
+    """The last number built out of float64's range since the previous call, or None."""
+    value, _OUT_OF_RANGE[0] = _OUT_OF_RANGE[0], None
+    return value
 
 
 def zero(shape) -> Term:

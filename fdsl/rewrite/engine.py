@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 
 from ..base.errors import FdslError, Loop, StepLimit
 from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
+from ..base.numbers import OUT_OF_RANGE
 from ..core import alpha
 from ..core import terms as T
 from ..core.ops import OPS, ShapeError
@@ -112,11 +113,16 @@ class Rule:
         for b in self._match(t, {}):
             if not all(_holds(pred, a, b) != negated for negated, pred, _, a in self._late):
                 continue
+            T.take_out_of_range()
             try:
                 r = self._build(b)
             except ShapeError as e:
                 raise FdslError("rule %s built an ill-shaped term from %s: %s" % (self.name, t, e),
                                 self.file, self.line) from None
+            big = T.take_out_of_range()
+            if big is not None:
+                raise StepLimit("rule %s (%s) built a number %s: %s" % (self.name, self.where(), _magnitude(big),
+                                                                        OUT_OF_RANGE))
             if r.shape != t.shape and T.is_zero(r):
                 r = T.zero(t.shape)  # a right side "0" takes the shape of what it replaces
             if r is not t:
@@ -125,6 +131,12 @@ class Rule:
                                     % ((self.name, t) + tuple(t.shape) + tuple(r.shape)), self.file, self.line)
                 return r
         return None
+
+
+def _magnitude(value) -> str:
+    """About how large an exact number is, without printing its thousand digits."""
+    exponent = (abs(value.numerator).bit_length() - value.denominator.bit_length()) * 0.30103
+    return "of about %s10^%d" % ("-" if value < 0 else "", round(exponent))
 
 
 # predicates that read a term the same in any order of its sums' summands: a guard on a part of the
