@@ -400,6 +400,12 @@ CASES = [
                                        "g.rules": "ruleset grow\nrule g: m(?A) => m(1/2 ?A)\n"}, ["run", "p.fd"],
          message=r"^p\.fd:5:6: rule g \(g\.rules:2\) built a number of about 10\^-308: out of range"),
     # ---- 8. cheap tracebacks -----------------------------------------------------------------------
+    Case("sixteen-megabytes-of-semicolons", {"p.fd": ";" * (16 << 20)}, ["run", "p.fd"], code=0, stdout=r"^$"),
+    Case("semicolon-runs-keep-strings-and-columns", {"p.fd": 'dim n = 2;; ;\n;const X : n x n;;\nshow "a;;b" # ;;\n'
+                                                             ";;show X^t;;;\n;; show (X;;)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:5:11: unexpected ';'"),
+    Case("semicolon-runs-legal", {"p.fd": 'dim n = 2;; ;\n;const X : n x n;;\nshow "a;;b" # ;;\n;;show X^t;;;\n'},
+         ["run", "p.fd"], code=0, stdout=r"^a;;b\nX\^t$"),
     Case("eye-of-minus-one", {"p.fd": "show eval(eye(-1))\n"}, ["run", "p.fd"],
          message=r"^p\.fd:1:11: a size is a whole number of at least 1, not -1$"),
     Case("train-steps-1e15", {"p.fd": HEAD + "random 0\nw = form(X - W)\ne = train(w, 10^15, 0.1, 1)\n"},
