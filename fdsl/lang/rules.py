@@ -454,12 +454,22 @@ class RuleBook:
                           item)
 
     def _step(self, s):
-        kind, x = s
-        if kind == "name":
-            if x in BUILTIN_STRATEGIES:
-                return ("builtin", x)
-            return ("named", x)  # resolved to a ruleset or strategy by _check_references
-        return (kind, self._step(x))
+        # Combinators nest without bound in a rule file (fixpoint(...) 12,000 deep): unwrapped by a
+        # loop, not recursion, and the ones that change nothing nested are dropped: bottomup(x) runs
+        # x, and fixpoint(fixpoint(x)) is fixpoint(x) (the outer one's second run of the inner finds
+        # nothing to do). Nested fixpoints cost the square of their depth to confirm, else.
+        kinds = []
+        while s[0] != "name":
+            kinds.append(s[0])
+            s = s[1]
+        x = s[1]
+        step = ("builtin", x) if x in BUILTIN_STRATEGIES else ("named", x)  # named: see _check_references
+        for i in range(len(kinds) - 1, -1, -1):
+            kind, outer = kinds[i], kinds[i - 1] if i else None
+            if (kind == "bottomup" and outer not in ("topdown", "once")) or kind == step[0] == "fixpoint":
+                continue  # (topdown(bottomup(r)) is kept, to be refused: topdown takes a ruleset)
+            step = (kind, step)
+        return step
 
     def _declare_operator(self, item, err):
         name, params = item["name"], item["params"]
