@@ -201,12 +201,14 @@ def _check_width(op: str, parts) -> None:
     for p in parts:
         width += len(p.args) if p.op == op else 1
     if width > _MAX_WIDTH[0]:
-        from ..base.errors import StepLimit
+        from ..base.errors import TooWide
 
         what = {"add": "sum of %d summands", "mul": "product of %d factors", "had": "Hadamard product of %d factors"}
-        raise StepLimit("this would build a %s, more than one term may hold (%d, a fiftieth of the size limit, "
+        e = TooWide("this would build a %s, more than one term may hold (%d, a fiftieth of the size limit, "
                         "--size-limit N): a definition that doubles its term at every step?"
                         % (what[op] % width, _MAX_WIDTH[0]))
+        e.width = width
+        raise e
 
 
 def built() -> int:

@@ -29,7 +29,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..base.errors import FdslError, Loop, StepLimit
+from ..base.errors import FdslError, Loop, StepLimit, TooWide
 from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
 from ..base.numbers import OUT_OF_RANGE
 from ..core import alpha
@@ -170,6 +170,9 @@ class Rule:
             T.take_out_of_range()
             try:
                 r = self._build(b)
+            except TooWide as e:
+                e.rule = self  # said by Engine.run as this rule's step
+                raise
             except ShapeError as e:
                 raise FdslError("rule %s built an ill-shaped term from %s: %s" % (self.name, t, e),
                                 self.file, self.line) from None
@@ -568,6 +571,11 @@ class Engine:
         stepper = Stepper(name, limit, trace, options.get("size_limit") or DEFAULT_SIZE_LIMIT, progress)
         try:
             return self._run_step(self.book.step_of(name), t, stepper)
+        except TooWide as e:
+            rule = getattr(e, "rule", None)
+            if rule is not None:  # a rule's one step would build a sum too wide: the size limit's message
+                stepper.fire(rule, t, t, e.width)
+            raise
         finally:
             if progress is not None:
                 progress.close()
