@@ -195,7 +195,7 @@ def set_size_limit(size_limit) -> None:
 
 def _check_width(op: str, parts) -> None:
     """A StepLimit before flattening ``parts`` into one ``op`` of more operands than _MAX_WIDTH."""
-    if len(parts) < 2:
+    if len(parts) < 2 or (len(parts) == 2 and parts[0].op != op and parts[1].op != op):
         return
     width = 0
     for p in parts:
@@ -234,7 +234,8 @@ _OUT_OF_RANGE: list = [None]
 
 def num(value) -> Term:
     value = Fraction(value)
-    if value and number_problem(value):
+    # (integers of at most 53 bits, the most common numbers, are in range: no Fraction comparisons)
+    if (value.denominator != 1 or value.numerator.bit_length() > 53) and value and number_problem(value):
         _OUT_OF_RANGE[0] = value
     return _intern("num", (), value, (1, 1), True)
 
