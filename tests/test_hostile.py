@@ -29,6 +29,7 @@ MEMORY_BYTES = 2 << 30
 DEEP = 50_000
 
 HEAD = "dim n = 2\nconst X : n x n\nweight W : n x n\n"
+EXPLODE = "dim n = 2\nweight X : n x n\nf(0) = X\nf(k) = f(k-1) %s f(k-1)\nshow nodes(f(40))\n"  # 2^40 operands
 
 
 def nested(open_, close, inner="X", n=DEEP):
@@ -71,6 +72,7 @@ class Case:
     progress: bool = False  # the command reports progress on stdout before it stops
     links: dict = field(default_factory=dict)  # name -> target, symlinks made before the run
     stdin: bytes = b""  # what the command reads on stdin (the repl's script of inputs)
+    calls: bool = False  # the message is followed by the calls that led to it ("  in f(20), called at ...")
 
 
 # Symbols named as the generated module's own globals (INPUTS, DTYPE), its functions (grads) and
@@ -383,7 +385,44 @@ CASES = [
          ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "1", "--lr", "0.01", "--watch", "loss",
           "--watch", "cg_iterations", "--log", "l.csv"], code=0, stdout=r"wrote l\.csv",
          check=lambda d: _check_header(d / "l.csv", "step,loss,watch loss,watch cg_iterations")),
+    Case("operator-redefined-by-a-later-rule-file",
+         {"p.fd": 'rules "a.rules"\n' + HEAD + 'x = f(X)\nrules "b.rules"\nrandom 0\nshow eval(x - 2 X)\n',
+          "a.rules": "operator f(A) = A + A\n",
+          "b.rules": "# the same name, another value\noperator f(A) = A + A + A\n"},
+         ["run", "p.fd"], message=r"^b\.rules:2:1: operator f is already defined, differently, at a\.rules:1"),
+    Case("operator-declared-again-the-same", {"p.fd": 'rules "a.rules"\nrules "b.rules"\n' + HEAD
+                                              + "random 0\nshow eval(f(X) - 2 X)\n",
+                                              "a.rules": "operator f(A) = A + A\n",
+                                              "b.rules": "operator f(A) = A + A\n"},
+         ["run", "p.fd"], code=0, stdout=r"\[\[0\. 0\.\]\n \[0\. 0\.\]\]"),
+    Case("rule-doubles-a-coefficient", {"p.fd": 'rules "g.rules"\n' + HEAD + "show grow(m(X))\n",
+                                        "g.rules": "ruleset grow\nrule g: m(?A) => m(2 ?A)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:5:6: rule g \(g\.rules:2\) built a number of about 10\^308: out of range"),
+    Case("rule-halves-a-coefficient", {"p.fd": 'rules "g.rules"\n' + HEAD + "show grow(m(X))\n",
+                                       "g.rules": "ruleset grow\nrule g: m(?A) => m(1/2 ?A)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:5:6: rule g \(g\.rules:2\) built a number of about 10\^-308: out of range"),
     # ---- 8. cheap tracebacks -----------------------------------------------------------------------
+    Case("sixteen-megabytes-of-semicolons", {"p.fd": ";" * (16 << 20)}, ["run", "p.fd"], code=0, stdout=r"^$"),
+    Case("semicolon-runs-keep-strings-and-columns", {"p.fd": 'dim n = 2;; ;\n;const X : n x n;;\nshow "a;;b" # ;;\n'
+                                                             ";;show X^t;;;\n;; show (X;;)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:5:11: unexpected ';'"),
+    Case("semicolon-runs-legal", {"p.fd": 'dim n = 2;; ;\n;const X : n x n;;\nshow "a;;b" # ;;\n;;show X^t;;;\n'},
+         ["run", "p.fd"], code=0, stdout=r"^a;;b\nX\^t$"),
+    Case("definitions-that-explode-sum", {"p.fd": EXPLODE % "+"}, ["run", "p.fd"], calls=True,
+         message=r"^p\.fd:4:8: this would build a sum of 1048576 summands, more than one term may hold \(1000000, "
+                 r"a fiftieth of the size limit, --size-limit N\)"),
+    Case("definitions-that-explode-product", {"p.fd": EXPLODE % ""}, ["run", "--size-limit", "100000", "p.fd"],
+         calls=True, message=r"^p\.fd:4:8: this would build a product of 2048 factors, .*\(2000, "),
+    Case("definitions-that-explode-hadamard", {"p.fd": EXPLODE % "*"}, ["run", "p.fd"], calls=True,
+         message=r"^p\.fd:4:8: this would build a Hadamard product of 1048576 factors"),
+    Case("fixpoint-nested-12000-deep", {"p.fd": 'rules "f.rules"\n' + HEAD + "show simplify(m(m(m(X))))\n",
+                                        "f.rules": "ruleset r\nrule a: m(m(?A)) => m(?A)\nstrategy simplify = %s\n"
+                                        % nested("fixpoint(bottomup(", "))", "r", 6_000)},
+         ["run", "p.fd"], code=0, stdout=r"^m\(X\)$"),
+    Case("expand-an-8000-term-sum", {"p.fd": "dim n = 2\nconst C[i] : n x n\nweight W, V : n x n\nx = d((%s) W)\n"
+                                             "show nodes(expandAll(x))\nshow len(expandAll(form(C[0] - (%s) W)))\n"
+                                             % ((" + ".join("C[%d]" % i for i in range(8000)),) * 2)},
+         ["run", "p.fd"], code=0, stdout=r"^16003\n8000$"),
     Case("eye-of-minus-one", {"p.fd": "show eval(eye(-1))\n"}, ["run", "p.fd"],
          message=r"^p\.fd:1:11: a size is a whole number of at least 1, not -1$"),
     Case("train-steps-1e15", {"p.fd": HEAD + "random 0\nw = form(X - W)\ne = train(w, 10^15, 0.1, 1)\n"},
@@ -493,7 +532,7 @@ def test_hostile_input(results, case):
     for name in case.absent:
         assert not (folder / name).exists(), "%s was written by a failing command" % name
     if case.code == 2:
-        lines = err.splitlines()
+        lines = [line for line in err.splitlines() if not (case.calls and line.startswith("  in "))]
         message = lines[-1] if case.usage else lines[0]
         assert re.search(case.message, message), message[:500]
         if not case.usage:
@@ -614,3 +653,25 @@ def test_printable_escapes_what_drives_a_terminal():
     assert printable("tab\tand\nline") == "tab\tand\nline"
     e = FdslError("bad \x1b[2J", "f\x1b.fd", 1, 4, "ab\x1bc\n")
     assert str(e) == "f\\x1b.fd:1:4: bad \\x1b[2J\n    ab\\x1bc\n          ^"  # the caret under c
+
+
+def test_a_second_program_cannot_redefine_an_operator_of_the_first(tmp_path):
+    """Operators are one table per process: a second program loaded in the same process whose rule
+    file gives an operator another value is refused, and the first program's terms keep theirs."""
+    import io
+
+    import fdsl
+    from fdsl.base.errors import FdslError
+
+    (tmp_path / "a.rules").write_text("operator hostile23f(A) = A + A\n")
+    (tmp_path / "b.rules").write_text("operator hostile23f(A) = A + A + A\n")
+    body = HEAD + "random 0\nx = hostile23f(X)\nshow eval(x - 2 X)\n"
+    (tmp_path / "p1.fd").write_text('rules "a.rules"\n' + body)
+    (tmp_path / "p2.fd").write_text('rules "b.rules"\n' + body)
+    first = fdsl.load(tmp_path / "p1.fd")
+    with pytest.raises(FdslError, match=r"operator hostile23f is already defined, differently, at .*a\.rules:1") as e:
+        fdsl.load(tmp_path / "p2.fd")
+    assert e.value.line == 1 and e.value.file.endswith("b.rules")
+    out = io.StringIO()
+    first.run(out)
+    assert out.getvalue() == "[[0. 0.]\n [0. 0.]]\n"

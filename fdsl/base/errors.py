@@ -82,5 +82,12 @@ class StepLimit(FdslError):
     """A rule set that did not reach a normal form within the step limit."""
 
 
+class TooWide(StepLimit):
+    """One flat sum or product of more operands than a term may hold (``width`` of them): a rule's
+    step that builds it is said as the engine's size limit says a step that built too much."""
+
+    width = 0
+
+
 class Loop(StepLimit):
     """A rewrite that came back to a term still being rewritten (the message shows the term)."""

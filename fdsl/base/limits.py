@@ -15,6 +15,10 @@ DEFAULT_STEP_LIMIT = 2_000_000
 # doubles its term (m(?A) => m(?A + ?A)) stops within a second or two instead of filling memory.
 # The fully expanded normal form of a four-layer encoder builds about 24 million.
 DEFAULT_SIZE_LIMIT = 50_000_000
+# One flat sum or product may hold at most a fiftieth of the size limit as operands. Definitions
+# build terms without the engine (f(k) = f(k-1) + f(k-1) doubles a flat sum at every k, 2^40
+# summands at f(40)); this stops them within a second, at a million, instead of filling memory.
+WIDTH_SHARE = 50
 
 # dot lays out 300 nodes and 600 edges of a term graph in a few seconds; the depth-8 normal form
 # that took it 276 s had 405 nodes and many times more edges. A picture past these is unreadable.

@@ -72,6 +72,12 @@ class Op:
     params: tuple = field(default=())  # argument names, for documentation and rule files
     positive: tuple = ()  # argument positions where the operator is defined for positive entries only
     rows: bool = False  # a row reduction: (n x d) -> (n x 1)
+    where: str = field(default="", compare=False)  # a user operator's declaration, file:line
+
+    def meaning(self) -> tuple:
+        """What terms built with this operator mean: their values, shapes, linearity, domain and
+        printing. Two declarations of a user operator with the same meaning are one operator."""
+        return (self.arity, self.linear, self.numpy, self.latex, self.positive, self.rows)
 
 
 # ---- shape rules -------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator, Optional
 
-from ..base.numbers import power_problem
+from ..base.limits import DEFAULT_SIZE_LIMIT, WIDTH_SHARE
+from ..base.numbers import number_problem, power_problem
 from .ops import OPS, ShapeError
 
 _TABLE: dict = {}
@@ -183,6 +184,33 @@ def _look_at_memory() -> None:
                         % (size_text(left), _BUILT[0]))
 
 
+# the most operands one flat sum, product or Hadamard product may have (set_size_limit changes it)
+_MAX_WIDTH = [DEFAULT_SIZE_LIMIT // WIDTH_SHARE]
+
+
+def set_size_limit(size_limit) -> None:
+    """Follow ``--size-limit N``: one flat term may have N / WIDTH_SHARE operands."""
+    _MAX_WIDTH[0] = max(1000, (size_limit or DEFAULT_SIZE_LIMIT) // WIDTH_SHARE)
+
+
+def _check_width(op: str, parts) -> None:
+    """A StepLimit before flattening ``parts`` into one ``op`` of more operands than _MAX_WIDTH."""
+    if len(parts) < 2 or (len(parts) == 2 and parts[0].op != op and parts[1].op != op):
+        return
+    width = 0
+    for p in parts:
+        width += len(p.args) if p.op == op else 1
+    if width > _MAX_WIDTH[0]:
+        from ..base.errors import TooWide
+
+        what = {"add": "sum of %d summands", "mul": "product of %d factors", "had": "Hadamard product of %d factors"}
+        e = TooWide("this would build a %s, more than one term may hold (%d, a fiftieth of the size limit, "
+                        "--size-limit N): a definition that doubles its term at every step?"
+                        % (what[op] % width, _MAX_WIDTH[0]))
+        e.width = width
+        raise e
+
+
 def built() -> int:
     """How many term nodes (plus their argument slots) have been made so far in this process:
     a rewrite's growth is the difference between two readings."""
@@ -197,9 +225,25 @@ def sym(symbol: Symbol, shape) -> Term:
     return _intern("sym", (), (symbol, shape), (1, 1) if scalar else shape, scalar)
 
 
+# The last number built beyond float64's range (None: none since it was last taken). Numbers a
+# program writes or folds are checked where they stand; the rewrite engine takes this after each
+# rule builds its right side, so a rule that doubles a coefficient forever stops at 2^1024 with the
+# rule's name instead of running on with ever longer exact numbers.
+_OUT_OF_RANGE: list = [None]
+
+
 def num(value) -> Term:
     value = Fraction(value)
+    # (integers of at most 53 bits, the most common numbers, are in range: no Fraction comparisons)
+    if (value.denominator != 1 or value.numerator.bit_length() > 53) and value and number_problem(value):
+        _OUT_OF_RANGE[0] = value
     return _intern("num", (), value, (1, 1), True)
+
+
+def take_out_of_range():
+    """The last number built out of float64's range since the previous call, or None."""
+    value, _OUT_OF_RANGE[0] = _OUT_OF_RANGE[0], None
+    return value
 
 
 def zero(shape) -> Term:
@@ -294,6 +338,7 @@ def mul(*factors: Term) -> Term:
     known = _TABLE.get(("mul", None, factors))
     if known is not None:  # already the factors of a product (the result is that product)
         return known
+    _check_width("mul", factors)
     coeff = 1
     scalars, mats = [], []
     for g in factors:
@@ -328,6 +373,7 @@ def add(*summands: Term) -> Term:
     known = _TABLE.get(("add", None, summands))
     if known is not None:  # already the summands of a sum
         return known
+    _check_width("add", summands)
     flat = []
     for s in summands:
         flat.extend(s.args if s.op == "add" else (s,))
@@ -380,6 +426,7 @@ def divide(a: Term, b: Term) -> Term:
 def hadamard(*factors: Term) -> Term:
     """The componentwise product: flat, zero if any factor is zero. A scalar factor scales, so
     ``2 * A`` is ``2 A`` and ``2 * 3`` is 6 (componentwise, a scalar multiplies every entry)."""
+    _check_width("had", factors)
     flat = []
     for f in factors:
         flat.extend(f.args if f.op == "had" else (f,))

@@ -360,6 +360,7 @@ class RuleBook:
                                                          else None)
             return FdslError(message, display, line, col, text)
 
+        err.display = display
         for item in items:
             kind = item["kind"]
             if kind == "import":
@@ -453,12 +454,22 @@ class RuleBook:
                           item)
 
     def _step(self, s):
-        kind, x = s
-        if kind == "name":
-            if x in BUILTIN_STRATEGIES:
-                return ("builtin", x)
-            return ("named", x)  # resolved to a ruleset or strategy by _check_references
-        return (kind, self._step(x))
+        # Combinators nest without bound in a rule file (fixpoint(...) 12,000 deep): unwrapped by a
+        # loop, not recursion, and the ones that change nothing nested are dropped: bottomup(x) runs
+        # x, and fixpoint(fixpoint(x)) is fixpoint(x) (the outer one's second run of the inner finds
+        # nothing to do). Nested fixpoints cost the square of their depth to confirm, else.
+        kinds = []
+        while s[0] != "name":
+            kinds.append(s[0])
+            s = s[1]
+        x = s[1]
+        step = ("builtin", x) if x in BUILTIN_STRATEGIES else ("named", x)  # named: see _check_references
+        for i in range(len(kinds) - 1, -1, -1):
+            kind, outer = kinds[i], kinds[i - 1] if i else None
+            if (kind == "bottomup" and outer not in ("topdown", "once")) or kind == step[0] == "fixpoint":
+                continue  # (topdown(bottomup(r)) is kept, to be refused: topdown takes a ruleset)
+            step = (kind, step)
+        return step
 
     def _declare_operator(self, item, err):
         name, params = item["name"], item["params"]
@@ -494,10 +505,19 @@ class RuleBook:
                     fn, arity, "" if arity == 1 else "s", name, len(params)), where)
         if opts["body"] is not None:
             template = _body_template(name, params, opts["body"], err)
-        O.register(O.Op(name, len(params), O.same_shape_args(name),
-                        linear=tuple(params.index(l) for l in opts["linear"]),
-                        numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
-                        user=True, params=tuple(params), positive=tuple(sorted(positive))))
+        op = O.Op(name, len(params), O.same_shape_args(name), linear=tuple(params.index(l) for l in opts["linear"]),
+                  numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
+                  user=True, params=tuple(params), positive=tuple(sorted(positive)),
+                  where="%s:%d" % (err.display, item["line"]))
+        # Operators are one table per process and terms keep their operator's name only, so a second
+        # declaration with another meaning would change the values of terms already built (by this
+        # program or an earlier one in the same process): refused. The same declaration again (the
+        # same rule file loaded by a second program) is the same operator.
+        if existing is not None and existing.meaning() != op.meaning():
+            raise err("operator %s is already defined, differently, at %s; an operator keeps its first "
+                      "meaning for as long as fdsl runs: give this one another name" % (name, existing.where), item)
+        if existing is None:
+            O.register(op)
 
     def _compile_rule(self, item, ruleset, display, err, text) -> Rule:
         name = item["name"]

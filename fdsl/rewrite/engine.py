@@ -29,8 +29,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..base.errors import FdslError, Loop, StepLimit
+from ..base.errors import FdslError, Loop, StepLimit, TooWide
 from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
+from ..base.numbers import OUT_OF_RANGE
 from ..core import alpha
 from ..core import terms as T
 from ..core.ops import OPS, ShapeError
@@ -76,6 +77,52 @@ class Rule:
     def where(self) -> str:
         return "%s:%d" % (self.file, self.line)
 
+    def _spread_product(self, t: Term):
+        """``distribute`` applied as often as it would be in a row, at once: ``P (A_1 + ... + A_n) S``
+        becomes ``P A_1 S + ... + P A_k S + P (A_k+1 + ... + A_n) S``, peeling while the rest still
+        holds a differential (the guard), each step's remainder never built."""
+        if not any(x.has_d for x in t.args):
+            return None
+        for b in self._match(t, {}):
+            P, A, B, S = b["P"].items, b["A"], b["B"].items, b["S"].items
+            summands = (A,) + B
+            outer = any(x.has_d for x in P) or any(x.has_d for x in S)
+            # holds[i]: the guard on the product whose sum starts at summand i
+            holds = [False] * (len(summands) + 1)
+            for i in range(len(summands) - 1, -1, -1):
+                holds[i] = outer or holds[i + 1] or summands[i].has_d
+            last = 0  # the last step taken starts at summand `last` (a sum of at least two left)
+            while last + 1 < len(summands) - 1 and holds[last + 1]:
+                last += 1
+            parts = [T.mul(*P, a, *S) for a in summands[:last]]
+            nb = dict(b, A=summands[last], B=Run("add", summands[last + 1:], b["B"].unit))
+            try:
+                parts.append(self._build(nb))
+            except ShapeError as e:
+                raise FdslError("rule %s built an ill-shaped term from %s: %s" % (self.name, t, e),
+                                self.file, self.line) from None
+            r = T.add(*parts)
+            if r.shape != t.shape and T.is_zero(r):
+                r = T.zero(t.shape)
+            return None if r is t else r
+        return None
+
+    def _spread(self, t: Term, at: int) -> Term:
+        """What this peeling rule makes of ``t`` applied until its sum is used up: ``f(A_1 + ... +
+        A_n)`` becomes ``f(A_1) + ... + f(A_n)``, summands in their order, in one step."""
+        args = list(t.args)
+        parts = []
+        for summand in t.args[at].args:
+            args[at] = summand
+            parts.append(T.rebuild(t, args))
+        r = T.add(*parts)
+        if r.shape != t.shape and T.is_zero(r):
+            r = T.zero(t.shape)
+        if r.shape != t.shape:
+            raise FdslError("rule %s changed the shape of %s from (%s x %s) to (%s x %s): it is unsound"
+                            % ((self.name, t) + tuple(t.shape) + tuple(r.shape)), self.file, self.line)
+        return r
+
     def __str__(self):
         if self.source:
             return self.source
@@ -86,6 +133,8 @@ class Rule:
         return "rule %s: %s => %s%s" % (self.name, self.lhs, self.rhs, g)
 
     def __post_init__(self):
+        self._peel = None if self.guards else _peel_shape(self.lhs, self.rhs)
+        self._distribute = _distribute_shape(self.lhs, self.rhs, self.guards)
         self._quick = quick_test(self.lhs)
         self._match = matcher(self.lhs)
         self._build = builder(self.rhs)
@@ -103,6 +152,12 @@ class Rule:
         """The first rewrite of ``t`` by this rule that changes it, or None."""
         if not self._quick(t):
             return None
+        if self._distribute and t.op == "mul":
+            return self._spread_product(t)
+        if self._peel is not None and t.op == self._peel[0] and t.data is None:
+            at = self._peel[1]
+            if len(t.args) > at and t.args[at].op == "add" and len(t.args[at].args) > 2:
+                return self._spread(t, at)
         for negated, holds, path, _ in self._early:
             at = t
             for i in path:
@@ -112,11 +167,19 @@ class Rule:
         for b in self._match(t, {}):
             if not all(_holds(pred, a, b) != negated for negated, pred, _, a in self._late):
                 continue
+            T.take_out_of_range()
             try:
                 r = self._build(b)
+            except TooWide as e:
+                e.rule = self  # said by Engine.run as this rule's step
+                raise
             except ShapeError as e:
                 raise FdslError("rule %s built an ill-shaped term from %s: %s" % (self.name, t, e),
                                 self.file, self.line) from None
+            big = T.take_out_of_range()
+            if big is not None:
+                raise StepLimit("rule %s (%s) built a number %s: %s" % (self.name, self.where(), _magnitude(big),
+                                                                        OUT_OF_RANGE))
             if r.shape != t.shape and T.is_zero(r):
                 r = T.zero(t.shape)  # a right side "0" takes the shape of what it replaces
             if r is not t:
@@ -125,6 +188,46 @@ class Rule:
                                     % ((self.name, t) + tuple(t.shape) + tuple(r.shape)), self.file, self.line)
                 return r
         return None
+
+
+def _magnitude(value) -> str:
+    """About how large an exact number is, without printing its thousand digits."""
+    exponent = (abs(value.numerator).bit_length() - value.denominator.bit_length()) * 0.30103
+    return "of about %s10^%d" % ("-" if value < 0 else "", round(exponent))
+
+
+def _peel_shape(lhs, rhs):
+    """``(f, i)`` for a rule that takes one summand out of argument i of f, ``f(.., ?A + ?B.., ..) =>
+    f(.., ?A, ..) + f(.., ?B..., ..)``, its other arguments distinct variables (``d-sum``,
+    ``trace-sum``, ``dexp-sum``); else None. Applied one summand at a time to a sum of n summands
+    it builds the sums of n-1, n-2, ... summands: quadratic (an 8,000-term sum took 24 s). Its
+    repeated application is spread over the whole sum at once instead (``Rule._spread``)."""
+    if not (isinstance(lhs, Op) and isinstance(rhs, Bag) and rhs.op == "add" and len(rhs.items) == 2):
+        return None
+    sums = [i for i, a in enumerate(lhs.args) if isinstance(a, Bag)]
+    if len(sums) != 1:
+        return None
+    at = sums[0]
+    bag = lhs.args[at]
+    if bag.op != "add" or len(bag.items) != 2 or not isinstance(bag.items[0], Var) \
+            or not isinstance(bag.items[1], Seq):
+        return None
+    one, rest = bag.items
+    others = [a for i, a in enumerate(lhs.args) if i != at]
+    names = [a.name for a in others if isinstance(a, Var)]
+    if len(names) != len(others) or len(set(names + [one.name, rest.name])) != len(names) + 2:
+        return None
+    first = Op(lhs.op, lhs.args[:at] + (one,) + lhs.args[at + 1:], lhs.data)
+    second = Op(lhs.op, lhs.args[:at] + (rest,) + lhs.args[at + 1:], lhs.data)
+    return (lhs.op, at) if rhs.items == (first, second) and lhs.data is None else None
+
+
+def _distribute_shape(lhs, rhs, guards) -> bool:
+    """Whether a rule is ``distribute``: ``?P... (?A + ?B...) ?S... => ?P... ?A ?S... + ?P... (?B...)
+    ?S... when has_d(?P... (?A + ?B...) ?S...)``, which also takes one summand at a time."""
+    P, S, A, B = Seq("P"), Seq("S"), Var("A"), Seq("B")
+    return (lhs == Word((P, Bag("add", (A, B)), S)) and rhs == Bag("add", (Word((P, A, S)), Word((P, B, S))))
+            and guards == ((False, "has_d", lhs),))
 
 
 # predicates that read a term the same in any order of its sums' summands: a guard on a part of the
@@ -468,6 +571,11 @@ class Engine:
         stepper = Stepper(name, limit, trace, options.get("size_limit") or DEFAULT_SIZE_LIMIT, progress)
         try:
             return self._run_step(self.book.step_of(name), t, stepper)
+        except TooWide as e:
+            rule = getattr(e, "rule", None)
+            if rule is not None:  # a rule's one step would build a sum too wide: the size limit's message
+                stepper.fire(rule, t, t, e.width)
+            raise
         finally:
             if progress is not None:
                 progress.close()
