@@ -324,11 +324,14 @@ _STYLES = {"text": Style(), "string": StringStyle(), "latex": LatexStyle(), "htm
 _PRINTERS = {name: Printer(style) for name, style in _STYLES.items()}
 
 
-def shown(t: Term) -> Sharing:
+def shown(t: Term, alias: bool = False, bindings: bool = True) -> Sharing:
     """``t`` as the printers write it: the shared subterms of ``t`` (``fdsl.core.share``) become
     intermediates, so that printing is linear in the graph, never in the tree. The found ones are
-    transparent (written ``N = ...``, they read back as ``t`` itself)."""
-    return Sharing(t, printed_names(t))
+    transparent (written ``N = ...``, they read back as ``t`` itself). A subterm that is, written
+    out, the body of a let of ``t`` is written by its name: a ``where`` block uses the names it
+    binds (with ``alias``, the one ``string()`` needs, by a transparent name of its own). Without
+    ``bindings`` (one line, nothing bound shown) what is found is named only in a very large term."""
+    return Sharing(t, printed_names(t, bindings), reuse=True, alias=alias)
 
 
 def bindings(t: Term) -> list:
@@ -370,13 +373,13 @@ def _bigger_than(t: Term, limit: int) -> bool:
 
 def text(t: Term) -> str:
     """What ``show`` prints on one line, without the bindings (see ``text_with_bindings``)."""
-    return _PRINTERS["text"](shown(t).term)
+    return _PRINTERS["text"](shown(t, bindings=False).term)
 
 
 def string(t: Term) -> str:
     """The re-parseable form: ``parse(string(t)) == t``. Intermediates are written inline, each
     once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``; found ones transparently, with ``=``."""
-    p, s = _PRINTERS["string"], shown(t)
+    p, s = _PRINTERS["string"], shown(t, alias=True)
     lets = _lets(s) + ([s.term] if s.term.op == "let" else [])
     out = p(s.term)
     if not lets:

@@ -19,6 +19,15 @@ run           sums are flat, so a residual stream ``net(2) = f(net(1)) + net(1)`
               of the sum net(1), not net(1) itself: a hinted sum whose summands stand as a run
               inside a longer sum is used there too, and is put back there by name.
 
+reused        a subterm that is, written out, the body of a let the term holds: ``E := Y - F`` was
+              built before ``normal`` named ``encoder_1`` inside F, so E's body holds encoder(1)
+              written out where the rest of the form says ``encoder_1``. The printers print such
+              a subterm by the let's name (``reuse``), so that a ``where`` block uses the names it
+              binds; ``string()``, whose text must read back to the very term, names it with a
+              fresh transparent binding instead (``alias``), the let's body then being that name.
+unfolded      a term with every let replaced by its body, unfolded: equal unfoldings are equal
+              values, however the lets were placed (what ``reused`` compares).
+
 ``found(t)`` is the analysis (node -> (name, index), and the runs); ``Sharing(t)`` rebuilds
 ``t`` with every found node wrapped in a ``let``, keeping the user's own lets as they are, which
 is what ``normal``/``backprop`` differentiate and the printers print, so the manual's natural
@@ -78,6 +87,16 @@ def _sum_runs(t: Term, adds: list) -> dict:
     return runs
 
 
+def fresh_letter(names_in_use) -> str:
+    """The letter of fresh names (``S_1``, ...): the first of ``_FRESH`` that no symbol, definition,
+    hint, let or name in ``names_in_use`` takes."""
+    taken = set(names_in_use) | _RESERVED | {name for name, _ in _HINTS.values()}
+    letter = next((c for c in _FRESH if c not in taken), None)
+    if letter is None:
+        letter = next("S" * k for k in range(2, 1000) if "S" * k not in taken)
+    return letter
+
+
 def found(t: Term) -> tuple:
     """The found intermediates under ``t``: (names, runs). ``names`` maps each found node to its
     (name, index), children before parents; ``runs`` the sums that hold a found sum's summands."""
@@ -116,10 +135,7 @@ def found(t: Term) -> tuple:
                 picked.append(node)
         elif count[node] - by_d.get(node, 0) > 1 and size[node] > SMALL:
             picked.append(node)
-    names_in_use.update(name for name, _ in _HINTS.values())
-    letter = next((c for c in _FRESH if c not in names_in_use), None)
-    if letter is None:
-        letter = next("S" * k for k in range(2, 1000) if "S" * k not in names_in_use)
+    letter = fresh_letter(names_in_use)
     names, fresh = {}, 0
     for node in picked:
         if node in _HINTS:
@@ -143,32 +159,82 @@ class Sharing:
     ``body(let)``, which the engine unfolds and the printers write in its binding. One memo
     serves the term and every body, so a subterm found once is one let everywhere.
     ``made`` holds the lets made for found intermediates.
+
+    ``reuse`` (the printers): a subterm that unfolds to what a let of ``t`` unfolds to is that let
+    (``reused``), except as that let's own body. ``alias`` (``string()``): such a subterm is
+    instead a fresh transparent let over it as it stands, so that the text reads back as ``t``
+    itself, and a let whose body is one of those is bound to its name (``encoder[1] := H[1]``).
     """
 
-    def __init__(self, t: Term, found_names=None):
+    def __init__(self, t: Term, found_names=None, reuse: bool = False, alias: bool = False):
         self.names, self.runs = found_names if found_names is not None else found(t)
-        self.new: dict = {}
+        self.new: dict = {}  # node -> what stands for it in the shared term
+        self.built: dict = {}  # node -> itself over the rewritten arguments (what new is, unless reused)
         self.made: set = set()
-        self.term = self._rewrite(t) if self.names else t
+        self.reused: dict = {}  # unfolded body -> the let of t that has it
+        self.unfolded: dict = {}
+        self.aliases: dict = {}  # (alias) a rewritten subterm -> the transparent let that names it
+        self._bodies: dict = {}
+        if reuse:
+            lets = [n for n in T.postorder(t) if n.op == "let"]
+            if lets:
+                self._unfold(t)
+                for let in lets:
+                    self.reused.setdefault(self.unfolded[let], let)
+                if alias:
+                    used = {n.data[0].name for n in T.postorder(t) if n.op == "sym"}
+                    used.update(let.data[0] for let in lets)
+                    used.update(name for name, _ in self.names.values())
+                    self.letter = fresh_letter(used)
+        self.alias = alias and bool(self.reused)
+        self._wanted = None  # (alias) the subterms that get one: all, until a first pass has met them
+        self.term = self._rewrite(t) if self.names or self.reused else t
+        if self.alias:
+            # Is a let's body written out elsewhere too? Only a pass over the whole term knows: a
+            # first pass gives every reused subterm an alias and sees which are met (a let's own
+            # body is written out, not its alias), the second makes only those, numbered 1, 2, ...
+            met = set(self.postorder())
+            wanted = {a.args[0] for a in self.aliases.values() if a in met}
+            self._wanted, self.aliases = wanted, {}
+            self.new, self.built, self._bodies = {}, {}, {}
+            self.made = set()
+            self.term = self._rewrite(t)
 
     def body(self, let: Term) -> Term:
         """The body of a let, with the intermediates found in it."""
-        if not self.names or let in self.made:  # a found one was built from found parts
+        if let in self.made or not (self.names or self.reused):  # a found one was built from found parts
             return let.args[0]
-        return self._rewrite(let.args[0])
+        r = self._bodies.get(let)
+        if r is None:
+            root = let.args[0]
+            self._rewrite(root)
+            r = self.new[root]
+            if r is let or self.alias:
+                r = self.built[root]  # its own body, not its own name
+            if self.alias and self._wanted is not None:
+                r = self.aliases.get(r, r)  # written out elsewhere too, as this alias: the let is that
+            self._bodies[let] = r
+        return r
 
     def children(self, node: Term) -> tuple:
         """The arguments of a node of the shared term, a let's being its shared body."""
         return (self.body(node),) if node.op == "let" else node.args
 
+    def _unfold(self, t: Term) -> None:
+        unfolded = self.unfolded
+        for node in T.postorder(t):
+            unfolded[node] = (unfolded[node.args[0]] if node.op == "let"
+                              else T.rebuild(node, [unfolded[c] for c in node.args]))
+
     def _rewrite(self, root: Term) -> Term:
-        new, names, runs = self.new, self.names, self.runs
+        new, built, names, runs, reused = self.new, self.built, self.names, self.runs, self.reused
         for node in T.postorder(root, descend=lambda n: n not in new and n.op != "let"):
             if node in new:
                 continue
             if node.op == "let" or not node.args:
-                r = node
-            elif node in runs:  # a sum holding a found sum's summands: that sum, by name
+                new[node] = built[node] = node
+                continue
+            if node in runs:  # a sum holding a found sum's summands: that sum, by name
                 args, i, starts = [], 0, dict(runs[node])
                 while i < len(node.args):
                     h = starts.get(i)
@@ -181,7 +247,19 @@ class Sharing:
                 r = T.add(*args)
             else:
                 r = T.rebuild(node, [new[c] for c in node.args])
-            if node in names:
+            built[node] = r
+            let = reused.get(self.unfolded.get(node)) if reused else None
+            if let is not None:  # written out, the body of a let of the term: by its name
+                if self.alias:
+                    alias = self.aliases.get(r)
+                    if alias is None and (self._wanted is None or r in self._wanted):
+                        alias = T.let(self.letter, (len(self.aliases) + 1,), r)
+                        self.aliases[r] = alias
+                        self.made.add(alias)
+                    r = alias or r
+                else:
+                    r = let
+            elif node in names:
                 r = T.let(names[node][0], names[node][1], r)
                 self.made.add(r)
             new[node] = r
@@ -207,13 +285,15 @@ def share(t: Term) -> Term:
     return Sharing(t).term
 
 
-def printed_names(t: Term) -> tuple:
-    """The found intermediates a printer names: none while ``t`` written out stays within
-    ``WRITE_OUT`` nodes, so that a term of a few layers reads as the manual's utility prints it
-    (``a(s X_0 Q_0 K_0^t X_0^t)`` in full, twice), and all of them beyond, so that printing stays
-    linear in the graph (the natural ``encoder(64)`` is 3^64 nodes written out)."""
+def printed_names(t: Term, bindings: bool = True) -> tuple:
+    """The found intermediates a printer names. A printing with its bindings (``show``, ``string``,
+    LaTeX, HTML) names all of them, whatever the size of ``t``: a repeat reads the same at depth 2
+    as at depth 64 (``S_1 = s encoder_1 Q_1 K_1^t encoder_1^t``), and is read once. A printing on
+    one line without them (``text``: messages, labels) names none while ``t`` written out stays
+    within ``WRITE_OUT`` nodes, so that it reads on its own, and all of them beyond, so that
+    printing stays linear in the graph (the natural ``encoder(64)`` is 3^64 nodes written out)."""
     names, runs = found(t)
-    if not names:
+    if not names or bindings:
         return names, runs
     size: dict = {}
     for node in T.postorder(t):
