@@ -60,7 +60,7 @@ def reserve(name: str) -> None:
     _RESERVED.add(name)
 
 
-def _sum_runs(t: Term, adds: list) -> dict:
+def _sum_runs(t: Term, adds: list, descend=None) -> dict:
     """Where a hinted sum stands inside a longer sum: sums are flat, so the residual stream
     ``net(2) = tanh(net(1) U_1) + net(1)`` holds net(1)'s summands, not net(1). Returns, for each
     sum P, the (start, H) of the runs of P's summands that are a hinted sum H, longest first,
@@ -71,7 +71,7 @@ def _sum_runs(t: Term, adds: list) -> dict:
     for hs in by_first.values():
         hs.sort(key=lambda h: -len(h.args))
     runs: dict = {}
-    for node in T.postorder(t):
+    for node in T.postorder(t, descend):
         if node.op != "add" or len(node.args) < 3:
             continue
         i, args = 0, node.args
@@ -97,33 +97,42 @@ def fresh_letter(names_in_use) -> str:
     return letter
 
 
-def found(t: Term) -> tuple:
+def found(t: Term, printing: bool = False, named=frozenset(), taken=frozenset(), opaque=frozenset()) -> tuple:
     """The found intermediates under ``t``: (names, runs). ``names`` maps each found node to its
-    (name, index), children before parents; ``runs`` the sums that hold a found sum's summands."""
-    key = (t, len(_HINTS))
+    (name, index), children before parents; ``runs`` the sums that hold a found sum's summands.
+    ``printing``: a node is also used as many times as its transpose is (``(Y - F)^t``, written
+    twice, is ``Y - F`` written twice), which the engine, which never names a transpose, ignores.
+    ``named``: nodes already named otherwise; ``taken``: names a fresh one must not take;
+    ``opaque``: lets whose bodies are not looked into (printed before: not printed again)."""
+    key = (t, len(_HINTS), printing, named, taken, opaque)
+    descend = (lambda n: n not in opaque) if opaque else None
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
     count: dict = {t: 0}
     by_d: dict = {}  # uses as the argument of d: d(E) beside E^t does not make E worth a name
-    named = set()  # the bodies of lets: already named
-    for node in T.postorder(t):
+    named = set(named)  # the bodies of lets: already named
+    for node in T.postorder(t, descend):
         for c in node.args:
             count[c] = count.get(c, 0) + 1
             if node.op == "d":
                 by_d[c] = by_d.get(c, 0) + 1
         if node.op == "let":
             named.add(node.args[0])
-    runs = _sum_runs(t, [h for h in _HINTS if h.op == "add" and h in count])
+    runs = _sum_runs(t, [h for h in _HINTS if h.op == "add" and h in count], descend)
     for p, rs in runs.items():
         for _, h in rs:
             count[h] += 1
+    if printing:
+        for node in list(count):
+            if node.op == "t" and count[node] > 1:
+                count[node.args[0]] += count[node] - 1
     size: dict = {}
-    names_in_use = set(_RESERVED)
+    names_in_use = set(_RESERVED) | taken
     picked = []
-    for node in T.postorder(t):
+    for node in T.postorder(t, descend):
         # tree sizes capped at SMALL + 1: only "small or not" matters, and exact sizes explode
-        size[node] = min(SMALL + 1, 1 + sum(size[c] for c in node.args))
+        size[node] = 1 if node in opaque else min(SMALL + 1, 1 + sum(size[c] for c in node.args))
         if node.op == "sym":
             names_in_use.add(node.data[0].name)
         elif node.op == "let":
@@ -161,29 +170,45 @@ class Sharing:
     ``made`` holds the lets made for found intermediates.
 
     ``reuse`` (the printers): a subterm that unfolds to what a let of ``t`` unfolds to is that let
-    (``reused``), except as that let's own body. ``alias`` (``string()``): such a subterm is
-    instead a fresh transparent let over it as it stands, so that the text reads back as ``t``
-    itself, and a let whose body is one of those is bound to its name (``encoder[1] := H[1]``).
+    (``reused``), except as that let's own body; what is found is found in ``t`` unfolded (but
+    for the lets in ``known``, bound by an earlier printing: what they hold is not printed).
+    ``alias`` (``string()``): such a subterm is instead a fresh transparent let over it as it
+    stands, so that the text reads back as ``t`` itself, and a let whose body is one of those is
+    bound to that name (``encoder[1] := H[1]``).
     """
 
-    def __init__(self, t: Term, found_names=None, reuse: bool = False, alias: bool = False):
-        self.names, self.runs = found_names if found_names is not None else found(t)
+    def __init__(self, t: Term, found_names=None, reuse: bool = False, alias: bool = False,
+                 bindings: bool = True, known=()):
         self.new: dict = {}  # node -> what stands for it in the shared term
         self.built: dict = {}  # node -> itself over the rewritten arguments (what new is, unless reused)
         self.made: set = set()
         self.reused: dict = {}  # unfolded body -> the let of t that has it
         self.unfolded: dict = {}
+        self.key = None  # (reuse, t has lets) node -> what names and runs know it by: its unfolding
         self.aliases: dict = {}  # (alias) a rewritten subterm -> the transparent let that names it
         self._bodies: dict = {}
-        if reuse:
+        self._named: dict = {}  # (name, index) -> the let made for it
+        if not reuse:
+            self.names, self.runs = found_names if found_names is not None else found(t)
+        else:
             lets = [n for n in T.postorder(t) if n.op == "let"]
-            if lets:
-                self._unfold(t)
+            if not lets:
+                self.names, self.runs = printed_names(t, bindings)
+            else:
+                # what is found is found in t unfolded, where E's body and the form's encoder_1
+                # are one encoder(1): a repeat is a repeat however the lets were placed
+                # a let bound before (``known``) stays a name: what its body repeats is not printed
+                opaque = frozenset(let for let in lets if let in known)
+                self._unfold(t, opaque)
                 for let in lets:
-                    self.reused.setdefault(self.unfolded[let], let)
+                    self.reused.setdefault(self.unfolded[let.args[0]], let)
+                taken = frozenset(let.data[0] for let in lets)
+                self.names, self.runs = printed_names(self.unfolded[t], bindings, frozenset(self.reused), taken,
+                                                      opaque)
+                self.key = self.unfolded
                 if alias:
                     used = {n.data[0].name for n in T.postorder(t) if n.op == "sym"}
-                    used.update(let.data[0] for let in lets)
+                    used.update(taken)
                     used.update(name for name, _ in self.names.values())
                     self.letter = fresh_letter(used)
         self.alias = alias and bool(self.reused)
@@ -196,7 +221,7 @@ class Sharing:
             met = set(self.postorder())
             wanted = {a.args[0] for a in self.aliases.values() if a in met}
             self._wanted, self.aliases = wanted, {}
-            self.new, self.built, self._bodies = {}, {}, {}
+            self.new, self.built, self._bodies, self._named = {}, {}, {}, {}
             self.made = set()
             self.term = self._rewrite(t)
 
@@ -220,11 +245,13 @@ class Sharing:
         """The arguments of a node of the shared term, a let's being its shared body."""
         return (self.body(node),) if node.op == "let" else node.args
 
-    def _unfold(self, t: Term) -> None:
+    def _unfold(self, t: Term, opaque) -> None:
         unfolded = self.unfolded
         for node in T.postorder(t):
-            unfolded[node] = (unfolded[node.args[0]] if node.op == "let"
-                              else T.rebuild(node, [unfolded[c] for c in node.args]))
+            if node.op == "let":
+                unfolded[node] = node if node in opaque else unfolded[node.args[0]]
+            else:
+                unfolded[node] = T.rebuild(node, [unfolded[c] for c in node.args])
 
     def _rewrite(self, root: Term) -> Term:
         new, built, names, runs, reused = self.new, self.built, self.names, self.runs, self.reused
@@ -234,12 +261,14 @@ class Sharing:
             if node.op == "let" or not node.args:
                 new[node] = built[node] = node
                 continue
-            if node in runs:  # a sum holding a found sum's summands: that sum, by name
-                args, i, starts = [], 0, dict(runs[node])
+            k = node if self.key is None else self.key[node]
+            if k in runs and len(k.args) == len(node.args):  # a sum holding a found sum's summands: that sum, by name
+                args, i, starts = [], 0, dict(runs[k])
                 while i < len(node.args):
                     h = starts.get(i)
-                    if h is not None and h in new:
-                        args.append(new[h])
+                    hl = None if h is None else new.get(h) if self.key is None else self._named.get(names[h])
+                    if hl is not None:
+                        args.append(hl)
                         i += len(h.args)
                     else:
                         args.append(new[node.args[i]])
@@ -248,7 +277,7 @@ class Sharing:
             else:
                 r = T.rebuild(node, [new[c] for c in node.args])
             built[node] = r
-            let = reused.get(self.unfolded.get(node)) if reused else None
+            let = reused.get(k) if reused else None
             if let is not None:  # written out, the body of a let of the term: by its name
                 if self.alias:
                     alias = self.aliases.get(r)
@@ -259,14 +288,21 @@ class Sharing:
                     r = alias or r
                 else:
                     r = let
-            elif node in names:
-                r = T.let(names[node][0], names[node][1], r)
-                self.made.add(r)
+            else:
+                name = names.get(k)
+                made = self._named.get(name) if name is not None and self.key is not None else None
+                if made is not None and made.args[0] is not r:
+                    name = None  # (aliases) the same value written two ways: one has the name
+                if name is not None:
+                    r = T.let(name[0], name[1], r)
+                    self.made.add(r)
+                    self._named[name] = r
             new[node] = r
         return new[root]
 
-    def postorder(self):
-        """Every node of the shared term once, let bodies included, children before parents."""
+    def postorder(self, opaque=()):
+        """Every node of the shared term once, let bodies included (but those of the lets in
+        ``opaque``), children before parents."""
         seen, stack = set(), [(self.term, False)]
         while stack:
             node, expanded = stack.pop()
@@ -277,7 +313,8 @@ class Sharing:
                 continue
             seen.add(node)
             stack.append((node, True))
-            stack.extend((c, False) for c in reversed(self.children(node)) if c not in seen)
+            if node not in opaque:
+                stack.extend((c, False) for c in reversed(self.children(node)) if c not in seen)
 
 
 def share(t: Term) -> Term:
@@ -285,14 +322,15 @@ def share(t: Term) -> Term:
     return Sharing(t).term
 
 
-def printed_names(t: Term, bindings: bool = True) -> tuple:
+def printed_names(t: Term, bindings: bool = True, named=frozenset(), taken=frozenset(),
+                  opaque=frozenset()) -> tuple:
     """The found intermediates a printer names. A printing with its bindings (``show``, ``string``,
     LaTeX, HTML) names all of them, whatever the size of ``t``: a repeat reads the same at depth 2
     as at depth 64 (``S_1 = s encoder_1 Q_1 K_1^t encoder_1^t``), and is read once. A printing on
     one line without them (``text``: messages, labels) names none while ``t`` written out stays
     within ``WRITE_OUT`` nodes, so that it reads on its own, and all of them beyond, so that
     printing stays linear in the graph (the natural ``encoder(64)`` is 3^64 nodes written out)."""
-    names, runs = found(t)
+    names, runs = found(t, True, named, taken, opaque)
     if not names or bindings:
         return names, runs
     size: dict = {}
