@@ -119,10 +119,16 @@ def found(t: Term, printing: bool = False, named=frozenset(), taken=frozenset(),
                 by_d[c] = by_d.get(c, 0) + 1
         if node.op == "let":
             named.add(node.args[0])
-    runs = _sum_runs(t, [h for h in _HINTS if h.op == "add" and h in count], descend)
+    adds = [h for h in _HINTS if h.op == "add" and h in count]
+    if printing:  # unfolded, a let's sum stands as a run in the sums it was named in
+        adds += [h for h in named if h.op == "add" and h in count and h not in _HINTS]
+    runs = _sum_runs(t, adds, descend)
     for p, rs in runs.items():
         for _, h in rs:
             count[h] += 1
+            if printing:  # p is printed with h's name: the summands of h are not used by p
+                for c in h.args:
+                    count[c] -= 1
     if printing:
         for node in list(count):
             if node.op == "t" and count[node] > 1:
