@@ -84,10 +84,10 @@ def test_a_repeat_is_named_at_depth_2_as_at_depth_8(enc):
 
 
 def test_a_repeat_seen_through_its_transpose_is_named(enc):
-    # (Y - F)^t twice: F - Y is used once, by its transpose, which is used twice
-    shown = render(enc.expr("(Y - encoder(1))^t encoder(1) + (Y - encoder(1))^t X"))
-    assert shown.splitlines()[0] == "S_1^t encoder_1 + S_1^t X"
-    assert "  S_1 = Y - encoder_1" in shown.splitlines()
+    # (X - F)^t twice: X - F is used once, by its transpose, which is used twice
+    shown = render(enc.expr("(X - encoder(1))^t encoder(1) + (X - encoder(1))^t Y"))
+    assert shown.splitlines()[0] == "S_1^t encoder_1 + S_1^t Y"
+    assert "  S_1 = X - encoder_1" in shown.splitlines()
 
 
 def test_a_users_name_is_used_where_its_body_is_written_out():
