@@ -374,6 +374,8 @@ def _bigger_than(t: Term, limit: int) -> bool:
 
 def text(t: Term) -> str:
     """What ``show`` prints on one line, without the bindings (see ``text_with_bindings``)."""
+    if t.op == "let" or not t.args:  # a name or a leaf: nothing to share (labels print many)
+        return _PRINTERS["text"](t)
     return _PRINTERS["text"](shown(t, bindings=False).term)
 
 
