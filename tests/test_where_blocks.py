@@ -136,3 +136,17 @@ def test_no_repeat_is_written_out_twice(name):
         for node, k in uses.items():
             if k > 1 and node.args and node.op not in ("let", "t") and not node.has_d:
                 assert size[node] <= SMALL, (name, printers.text(node))
+
+
+def test_string_of_a_deep_form_with_a_named_error_stays_linear():
+    """E := Y - encoder(L) holds every layer written out, the form names them: string() writes each
+    once (by aliases), so its length grows with L, not 3^L, and it reads back."""
+    from oracle import ENCODER
+
+    lengths = []
+    for L in (8, 16):
+        p = fdsl.parse(ENCODER + "E := Y - encoder(%d)\nw = form(E)\n" % L)
+        N = p.expr("normal(w)")
+        lengths.append(len(printers.string(N)))
+        assert_roundtrip(p, N)
+    assert lengths[1] < 2.5 * lengths[0]

@@ -194,6 +194,8 @@ class Sharing:
         self.aliases: dict = {}  # (alias) a rewritten subterm -> the transparent let that names it
         self._bodies: dict = {}
         self._named: dict = {}  # (name, index) -> the let made for it
+        self._twice = 0  # names given to a found value written a second way
+        self._alias_of: dict = {}  # (alias) node -> its alias (the first pass's numbers are not kept)
         if not reuse:
             self.names, self.runs = found_names if found_names is not None else found(t)
         else:
@@ -209,14 +211,18 @@ class Sharing:
                 for let in lets:
                     self.reused.setdefault(self.unfolded[let.args[0]], let)
                 taken = frozenset(let.data[0] for let in lets)
-                self.names, self.runs = printed_names(self.unfolded[t], bindings, frozenset(self.reused), taken,
-                                                      opaque)
-                self.key = self.unfolded
                 if alias:
-                    used = {n.data[0].name for n in T.postorder(t) if n.op == "sym"}
-                    used.update(taken)
-                    used.update(name for name, _ in self.names.values())
-                    self.letter = fresh_letter(used)
+                    # string() writes E's body as it stands (encoder(1) by an alias, not by the
+                    # let): found there, in t itself, each found node is one node, one binding
+                    self.names, self.runs = printed_names(t, bindings)
+                else:
+                    self.names, self.runs = printed_names(self.unfolded[t], bindings, frozenset(self.reused), taken,
+                                                          opaque)
+                    self.key = self.unfolded
+                used = {n.data[0].name for n in T.postorder(t) if n.op == "sym"}
+                used.update(taken)
+                used.update(name for name, _ in self.names.values())
+                self.letter = fresh_letter(used)  # for aliases, and names found twice over
         self.alias = alias and bool(self.reused)
         self._wanted = None  # (alias) the subterms that get one: all, until a first pass has met them
         self.term = self._rewrite(t) if self.names or self.reused else t
@@ -225,9 +231,9 @@ class Sharing:
             # first pass gives every reused subterm an alias and sees which are met (a let's own
             # body is written out, not its alias), the second makes only those, numbered 1, 2, ...
             met = set(self.postorder())
-            wanted = {a.args[0] for a in self.aliases.values() if a in met}
-            self._wanted, self.aliases = wanted, {}
-            self.new, self.built, self._bodies, self._named = {}, {}, {}, {}
+            wanted = {node for node, a in self._alias_of.items() if a in met}
+            self._wanted, self.aliases, self._alias_of = wanted, {}, {}
+            self.new, self.built, self._bodies, self._named, self._twice = {}, {}, {}, {}, 0
             self.made = set()
             self.term = self._rewrite(t)
 
@@ -283,14 +289,16 @@ class Sharing:
             else:
                 r = T.rebuild(node, [new[c] for c in node.args])
             built[node] = r
-            let = reused.get(k) if reused else None
+            let = reused.get(self.unfolded[node]) if reused else None
             if let is not None:  # written out, the body of a let of the term: by its name
                 if self.alias:
                     alias = self.aliases.get(r)
-                    if alias is None and (self._wanted is None or r in self._wanted):
+                    if alias is None and (self._wanted is None or node in self._wanted):
                         alias = T.let(self.letter, (len(self.aliases) + 1,), r)
                         self.aliases[r] = alias
                         self.made.add(alias)
+                    if alias is not None:
+                        self._alias_of[node] = alias
                     r = alias or r
                 else:
                     r = let
@@ -298,7 +306,10 @@ class Sharing:
                 name = names.get(k)
                 made = self._named.get(name) if name is not None and self.key is not None else None
                 if made is not None and made.args[0] is not r:
-                    name = None  # (aliases) the same value written two ways: one has the name
+                    # one value found, written two ways (a flat sum the let split): a name of its
+                    # own, so that each is written once however often it is used
+                    self._twice += 1
+                    name = (self.letter, (self._twice,))
                 if name is not None:
                     r = T.let(name[0], name[1], r)
                     self.made.add(r)
