@@ -229,7 +229,9 @@ def test_named_definitions(defs):
     named = ev(defs, "named(2)")
     assert named.op == "let" and named.data == ("named", (2,)) and named.args[0] is ev(defs, "m(encoder(2))")
     assert printers.text(named) == "named_2" and str(named).startswith("named_2 := m(")
-    assert printers.string(named).startswith("(named[2] where named[2] := m(")
+    # encoder(1), used three times, is bound first, transparently (=)
+    assert printers.string(named).startswith("(named[2] where encoder[1] = m(")
+    assert ", named[2] := m(m(a(s encoder[1] Q[1] " in printers.string(named)
     assert ev(defs, "named(2)") is named
 
 
@@ -363,7 +365,9 @@ def test_run_encoder2_through_the_cli(run_fdsl, examples, encoder2):
     expected += [render(encoder2.expr(x), {E}) for x in
                  ("coeff(N, W[1])", "coeff(N, W[0])", "depends(coeff(N, K[0]), Q[1])")]
     assert proc.stdout == "\n".join(expected) + "\n"
-    assert proc.stdout.startswith("-trace(E^t dE)\nwhere\n  E := Y\n")
+    # E's binding uses encoder_1, bound beside it (encoder(1) is used three times)
+    assert proc.stdout.startswith("-trace(E^t dE)\nwhere\n  encoder_1 = m(a(s X Q_0 K_0^t X^t) X V_0 + C b_0)"
+                                  " W_0 + C f_0\n  E := Y - (m(a(s encoder_1 Q_1 K_1^t encoder_1^t) encoder_1 V_1")
     assert proc.stdout.count("E := ") == 1
     assert "true, via " in proc.stdout and proc.stdout.rstrip().endswith("Q_1")
     assert {x.data[0].name for x in weights(N)} == {"Q", "K", "V", "W", "b", "f"}

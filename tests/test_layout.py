@@ -10,7 +10,8 @@ from conftest import EXAMPLES
 
 import fdsl
 from fdsl.calculus import forms
-from fdsl.core import printers
+from fdsl.core import normal, printers
+from fdsl.core import terms as T
 from fdsl.core.functions import render
 from fdsl.core.layout import WIDTH
 
@@ -37,16 +38,26 @@ def joined(lines):
 def test_the_encoder2_normal_form_prints_one_weight_per_line(enc):
     w = enc["wn"]
     shown = render(w)
-    # the shared normal form: one line per weight, then the bindings of E and encoder_1
+    # the shared normal form: one line per weight, then the bindings (encoder_1, its adjoint, S_1, ...)
     lines = joined(shown.split("\nwhere\n")[0].splitlines())
     weights = forms.weights(w)
     assert len(lines) == len(weights) == 12
+    shared = dict(normal.pairs(printers.shown(w).term))  # the coefficients as the bindings name them
     for line, weight in zip(lines, weights):
         head, _, body = line.partition(": ")
         assert head == "d" + weight.data[0].printed()
-        # the coefficient, read back from what is printed, is the coefficient
-        assert body == printers.text(forms.coeff(w, weight))
+        # what is printed is the coefficient, its repeats by the names the where block binds
+        assert body == printers.Printer(printers.Style())(shared[weight])
+        assert unfolded(shared[weight]) is unfolded(forms.coeff(w, weight))
     assert str(w) == shown  # print(w) in Python reads the same
+
+
+def unfolded(t):
+    """``t`` with every named intermediate replaced by its body: its value, however it is named."""
+    out = {}
+    for node in T.postorder(t):
+        out[node] = out[node.args[0]] if node.op == "let" else T.rebuild(node, [out[c] for c in node.args])
+    return out[t]
 
 
 def test_long_coefficients_break_at_their_sums(enc):
@@ -64,13 +75,15 @@ def test_long_coefficients_break_at_their_sums(enc):
 
 def test_a_long_form_breaks_between_summands_and_a_matrix_does_not(enc):
     z = enc["z"]  # forms(E): 24 summands of the same weights, not collected
-    lines = render(z).splitlines()
+    lines = render(z).split("\nwhere\n")[0].splitlines()  # then the bindings of its repeats
     assert len(lines) > 1 and all(line.startswith(("+ ", "- ")) for line in lines[1:])
-    assert " ".join(lines) == printers.text(z)  # nothing lost or added, only line breaks
+    one_line = printers.Printer(printers.Style())(printers.shown(z).term)
+    assert " ".join(lines) == one_line  # nothing lost or added, only line breaks
     for line in lines:  # a line longer than WIDTH is one summand that does not fit alone
         assert len(line) <= WIDTH or line.count(" + ") + line.count(" - ") <= line.count("(")
-    E = enc.expr("Y - encoder(2)")
-    assert render(E) == printers.text(E) and "\n" not in render(E)
+    M = enc.expr("m(a(s X Q[0] K[0]^t X^t) X V[0] + C b[0]) W[0] + m(a(s X Q[1] K[1]^t X^t) X V[1] + C b[1]) W[1]"
+                 " + C f[0] + C f[1]")  # a long matrix, with no repeat to name
+    assert len(render(M)) > WIDTH and render(M) == printers.text(M) and "\n" not in render(M)
 
 
 def test_definitions_break_at_their_sums():
@@ -104,9 +117,11 @@ def test_latex_names_with_underscores():
 
 
 def test_latex_of_a_short_term_is_one_formula(enc):
-    assert "aligned" not in printers.latex(enc["E"])
-    assert "aligned" not in printers.latex(enc.expr("forms(Y - encoder(2), 4)"))
-    assert "aligned" in printers.latex(enc["z"])
+    # the bindings of repeats (encoder_1, used three times) are an aligned list after "where"
+    formula = lambda t: printers.latex(t).split(r"\quad\text{where}")[0]
+    assert "aligned" not in formula(enc["E"])
+    assert "aligned" not in formula(enc.expr("forms(Y - encoder(2), 4)"))
+    assert "aligned" in formula(enc["z"])
 
 
 def test_str_of_a_deep_coefficient_carries_its_bindings_each_once_in_order():

@@ -42,7 +42,11 @@ def test_found_intermediates_are_named_after_their_definitions():
     lets = {x.data for x in T.postorder(n) if x.op == "let"}
     assert {("encoder", (1,)), ("encoder", (2,)), ("E", ())} <= lets
     assert ("encoder", (3,)) not in lets  # used once (inside E): written where it is used
-    assert "\n" not in printers.text_with_bindings(p["E"])  # small: written out, as the manual prints it
+    # small or deep, a repeat reads the same: shown with its bindings, each layer once by its name
+    shown = printers.text_with_bindings(p["E"]).splitlines()
+    assert shown[1:3] == ["where", "  encoder_1 = m(a(s X Q_0 K_0^t X^t) X V_0 + C b_0) W_0 + C f_0"]
+    assert shown[3] == "  encoder_2 = m(a(s encoder_1 Q_1 K_1^t encoder_1^t) encoder_1 V_1 + C b_1) W_1 + C f_1"
+    assert "\n" not in printers.text(p["E"])  # on one line, with no bindings: written out
     # deep: every layer once, by its definition's name; encoder(7) is used three times by encoder(8)
     tex = printers.latex(natural(8)["E"])
     assert tex.count(r"\mathrm{encoder}_{7}") == 4 and r"\mathrm{encoder}_{7} &= " in tex

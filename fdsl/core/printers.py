@@ -21,7 +21,7 @@ import html as _html
 from fractions import Fraction
 
 from .ops import OPS
-from .share import Sharing, printed_names
+from .share import Sharing
 from .terms import Term, postorder
 
 SUM, HAD, MUL, POSTFIX, ATOM = 1, 2, 3, 4, 5
@@ -324,11 +324,14 @@ _STYLES = {"text": Style(), "string": StringStyle(), "latex": LatexStyle(), "htm
 _PRINTERS = {name: Printer(style) for name, style in _STYLES.items()}
 
 
-def shown(t: Term) -> Sharing:
+def shown(t: Term, alias: bool = False, bindings: bool = True, known=()) -> Sharing:
     """``t`` as the printers write it: the shared subterms of ``t`` (``fdsl.core.share``) become
     intermediates, so that printing is linear in the graph, never in the tree. The found ones are
-    transparent (written ``N = ...``, they read back as ``t`` itself)."""
-    return Sharing(t, printed_names(t))
+    transparent (written ``N = ...``, they read back as ``t`` itself). A subterm that is, written
+    out, the body of a let of ``t`` is written by its name: a ``where`` block uses the names it
+    binds (with ``alias``, the one ``string()`` needs, by a transparent name of its own). Without
+    ``bindings`` (one line, nothing bound shown) what is found is named only in a very large term."""
+    return Sharing(t, reuse=True, alias=alias, bindings=bindings, known=known)
 
 
 def bindings(t: Term) -> list:
@@ -338,8 +341,9 @@ def bindings(t: Term) -> list:
     return _lets(shown(t))
 
 
-def _lets(s: Sharing) -> list:
-    return [n for n in s.postorder() if n.op == "let" and n is not s.term]
+def _lets(s: Sharing, known=()) -> list:
+    # the body of a binding not printed is not read: what only it refers to is not printed either
+    return [n for n in s.postorder(known) if n.op == "let" and n is not s.term and n not in known]
 
 
 def _op(s: Sharing, n: Term) -> str:
@@ -370,13 +374,15 @@ def _bigger_than(t: Term, limit: int) -> bool:
 
 def text(t: Term) -> str:
     """What ``show`` prints on one line, without the bindings (see ``text_with_bindings``)."""
-    return _PRINTERS["text"](shown(t).term)
+    if t.op == "let" or not t.args:  # a name or a leaf: nothing to share (labels print many)
+        return _PRINTERS["text"](t)
+    return _PRINTERS["text"](shown(t, bindings=False).term)
 
 
 def string(t: Term) -> str:
     """The re-parseable form: ``parse(string(t)) == t``. Intermediates are written inline, each
     once: ``(E^t d(E) where X[1] := ..., E := Y - X[1])``; found ones transparently, with ``=``."""
-    p, s = _PRINTERS["string"], shown(t)
+    p, s = _PRINTERS["string"], shown(t, alias=True)
     lets = _lets(s) + ([s.term] if s.term.op == "let" else [])
     out = p(s.term)
     if not lets:
@@ -411,12 +417,13 @@ def html(t: Term) -> str:
 
 def text_with_bindings(t: Term, known=()) -> str:
     """``text(t)`` laid out (``fdsl.core.layout``), then ``where`` and one ``name := body`` line per
-    binding t refers to (those in ``known`` excepted; ``name = body`` for a found one): a shared
-    form reads as a few layers, not as its expansion."""
+    binding t refers to (those in ``known`` excepted, and what only their bodies refer to;
+    ``name = body`` for a found one): a shared form reads as a few layers, not as its expansion."""
     from .layout import text_lines
 
-    p, s = _PRINTERS["text"], shown(t)
-    lets = [n for n in _lets(s) if n not in known]
+    known = set(known)
+    p, s = _PRINTERS["text"], shown(t, known=known)
+    lets = _lets(s, known)
     head = "\n".join(text_lines(s.term, p))
     if s.term.op == "let" and s.term not in known:
         head = _binding(p, s, s.term, "")
