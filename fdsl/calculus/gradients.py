@@ -79,8 +79,12 @@ def loss_of(w) -> Optional[Term]:
     """The loss whose descent direction ``w`` is: E (a matrix, standing for ``1/2 ||E||^2``) when
     ``w`` is ``form(E)``, the scalar term L when ``w`` is ``-d(L)``, else None (see the module doc)."""
     e = error_of(w)
-    if e is not None:
-        return e
+    return e if e is not None else objective_of(w)
+
+
+def objective_of(w) -> Optional[Term]:
+    """L if ``w`` is ``-d(L)`` for a scalar L (the descent direction of L, e.g. a cross-entropy),
+    else None."""
     if not isinstance(w, Term):
         return None
     c, rest = T.coefficient(w)

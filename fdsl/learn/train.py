@@ -29,23 +29,12 @@ import numpy as np
 from ..backends.values import SAVERS
 from ..base.errors import FdslError
 from ..base.files import Note, Write, target_of
-from ..calculus.gradients import error_of
+from ..calculus.gradients import error_of, objective_of
 from ..core import terms as T
 from ..core.functions import as_int, describe, function
 from ..core.terms import Term
 from ..lang.statements import _leftmost, _split_leading_string, statement
 from .watch import Log, csv_write, measure, plot_write, watch_terms
-
-
-def objective_of(w) -> Optional[Term]:
-    """L if ``w`` is ``-d(L)`` for a scalar L (the descent direction of L, e.g. a cross-entropy),
-    else None."""
-    if not isinstance(w, Term):
-        return None
-    c, rest = T.coefficient(w)
-    if c == -1 and rest.op == "d" and rest.args[0].scalar:
-        return rest.args[0]
-    return None
 
 
 def check_not_ascent(w, what: str) -> None:
