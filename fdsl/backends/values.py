@@ -346,11 +346,17 @@ def save_effect(program, path, value) -> Write:
         name, array = _to_array(program, value, evaluator)
         arrays = {name: array}
 
+    return Write(Path(path), npz_writer(arrays))
+
+
+def npz_writer(arrays: dict):
+    """``write(tmp)`` for a ``Write`` effect: the arrays by name, as one .npz file."""
+
     def write(tmp: Path):
         with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a bare name
             np.savez(f, **arrays)
 
-    return Write(Path(path), write)
+    return write
 
 
 # ---- the statements ----------------------------------------------------------------------------

@@ -10,9 +10,9 @@ from .common import FILE_HELP, add_value_options, load_with_values
 
 
 def _cmd_flow(args) -> int:
-    import numpy as np
 
     from ..backends.numpy_grad import check_given, coefficients, form_named, no_weight
+    from ..backends.values import npz_writer
     from ..base.files import Write
     from ..learn.flow import _gauss_newton_specs, flows_of
 
@@ -25,22 +25,14 @@ def _cmd_flow(args) -> int:
     check_given(program, dual_terms, args.values)
     flows = flows_of(program, w, what=args.form)
     out = Path(args.out)
-    arrays = dict(flows)
-
-    def write(tmp: Path):
-        with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a bare name
-            np.savez(f, **arrays)
-
     try:
-        Write(out, write).perform(None, program)
+        Write(out, npz_writer(dict(flows))).perform(None, program)
     except OSError as e:
         raise FdslError("cannot write the flows: %s" % (e.strerror or e), file=str(out)) from None
     print("wrote %s: %d flow%s (%s)" % (out, len(flows), "" if len(flows) == 1 else "s", ", ".join(flows)))
     for line in flows.notes():
         print(line)
     return 0
-
-
 
 
 def register(sub):

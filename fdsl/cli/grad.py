@@ -21,6 +21,7 @@ def _cmd_grad(args) -> int:
         normal_form,
         sign_of,
     )
+    from ..backends.values import npz_writer
     from ..base.files import Write, target_of
 
     target_of(args.out)  # a path that cannot be written fails before the work
@@ -35,12 +36,7 @@ def _cmd_grad(args) -> int:
         grads = {name: -g for name, g in grads.items()}
     sign = sign_of(w, args.dl_dw)
     out = Path(args.out)
-
-    def write(tmp: Path):
-        with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a bare name
-            np.savez(f, **grads, **{SIGN_KEY: np.array(sign)})
-
-    Write(out, write).perform(None, program)
+    Write(out, npz_writer({**grads, SIGN_KEY: np.array(sign)})).perform(None, program)
     print("wrote %s: %d gradient%s (%s), each %s (the file's %s says so too)"
           % (out, len(grads), "" if len(grads) == 1 else "s", ", ".join(grads), sign, SIGN_KEY))
     return 0

@@ -11,8 +11,8 @@ from .common import FILE_HELP, add_value_options, load_with_values
 
 
 def _cmd_train(args) -> int:
-    import numpy as np
 
+    from ..backends.values import npz_writer
     from ..base.files import Write, perform_all, target_of
     from ..learn.train import Trainer, _check_schedule, _summary
     from ..learn.watch import csv_write, plot_write, require_matplotlib, watch_terms
@@ -44,12 +44,8 @@ def _cmd_train(args) -> int:
     effects = []
     if args.out:
         values = dict(trainer.values)
-
-        def write(tmp: Path):
-            with open(tmp, "wb") as f:
-                np.savez(f, **values)
-
-        effects.append(Write(Path(args.out), write, "wrote %s: %d arrays (the trained weights %s and the constants)"
+        effects.append(Write(Path(args.out), npz_writer(values),
+                             "wrote %s: %d arrays (the trained weights %s and the constants)"
                              % (args.out, len(values), ", ".join(trainer.weights))))
     if args.log:
         effects.append(Write(Path(args.log), csv_write([trainer.log]), "wrote %s: %d steps of %s"
