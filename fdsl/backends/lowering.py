@@ -62,6 +62,7 @@ from ..core.terms import Term, postorder
 from .fusion import Stmt as _Stmt
 from .fusion import (
     batched_products,
+    factored,
     group_products,
     group_sums,
     shared_scalings,
@@ -172,6 +173,9 @@ class Lowering(ModuleWriter):
                 if not flip and base not in self.let_names:
                     name, index = n.data
                     self.let_names[base] = name + "".join("_%d" % i for i in index)
+        order = nodes([plain[t] for t in self.outputs.values()] + ([plain[loss]] if loss is not None else []))
+        fewer = factored(order)  # F A + F B as F (A + B) where A + B is computed anyway
+        plain = {n: fewer[p] for n, p in plain.items()}
         self.outputs = {k: plain[t] for k, t in self.outputs.items()}
         if loss is not None:
             self.loss = plain[loss]
@@ -300,6 +304,8 @@ class Lowering(ModuleWriter):
             return [a, canon(b.args[1])[0]] + extra
         if op == "had":
             return [canon(x)[0] for x in self._hadamard_args(b)]
+        if op == "trace" and self._trace_word(b) is not None:  # trace(P Q): P and Q, not their product
+            return [x for x, _ in self._trace_word(b)]
         if op == "dlayernorm" and self.target.fused_layernorm:  # the statistics of the forward's
             a, fa = canon(b.args[0])
             extra = [self._layernorm_nodes[(a, fa)]] if (a, fa) in self._layernorm_nodes else []
@@ -578,8 +584,21 @@ class Lowering(ModuleWriter):
             return self.ref(symbol.value)
         return self.refs[b]
 
+    def _trace_word(self, b: Term) -> Optional[list]:
+        """The two matrix factors of ``trace(P Q)`` (a product of two, nothing scalar), which is
+        the sum of ``P^t o Q``: n m multiplications instead of the n m n of the product (the
+        cross-entropy's ``trace(Y^t logsoftmax(Z))``); else None."""
+        a, _ = canon(b.args[0])
+        if a.op != "mul" or a.scalar:
+            return None
+        coeff, scalars, word = self._word(a)
+        return word if coeff == 1.0 and not scalars and len(word) == 2 else None
+
     def _scalar_op(self, b: Term) -> _Ref:
-        args = [self.ref(x) for x in b.args]
+        if b.op == "trace" and self._trace_word(b) is not None:
+            args = []
+        else:
+            args = [self.ref(x) for x in b.args]
         uses = [a.var for a in args]
         if b.op == "add":
             code = " + ".join("(%s)" % a.var for a in args)
@@ -587,6 +606,9 @@ class Lowering(ModuleWriter):
             code = " * ".join("(%s)" % a.var for a in args)
         elif b.op == "pow":
             code = "(%s) ** %r" % (args[0].var, float(b.data))
+        elif b.op == "trace" and self._trace_word(b) is not None:
+            p, q = (self._factor(f) for f in self._trace_word(b))
+            code, uses = "_trace_product(%s, %s)" % (p.expr(), q.expr()), [p.var, q.var]
         elif b.op == "trace":
             code = "_trace(%s)" % args[0].expr()
         else:  # a template on 1 x 1 arrays, read back as a number

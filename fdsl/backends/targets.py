@@ -169,6 +169,13 @@ def _trace(A):
     return float(t) if A.ndim == 2 else t[..., None, None]
 
 
+def _trace_product(A, B):
+    """trace(A @ B) without the product, as the sum of A^t o B (as _trace: a number, or a
+    (batch, 1, 1) array)."""
+    t = (A.mT * B).sum(axis=(-2, -1))
+    return float(t) if np.ndim(t) == 0 else t[..., None, None]
+
+
 def _as_float(x):
     return float(np.asarray(x).reshape(()))
 

@@ -9,7 +9,8 @@ any device and dtype, with an optional leading batch axis (``...`` below):
 - ``_mm(A, B) = [A > 0] o B`` and ``_aa_given(S, B) = S o (B - rowsum(S o B) 1^t)`` with
   ``S = a(A)``: the derivatives of relu and softmax at A applied to B.
 - ``_trace(A)``: the trace of a matrix as a number, or of each matrix of a batch as a
-  ``(batch, 1, 1)`` tensor (so that it scales its own example).
+  ``(batch, 1, 1)`` tensor (so that it scales its own example); ``_trace_product(A, B)`` that of
+  ``A @ B``, without the product.
 
 The generated function computes in the dtype of its inputs (float32 when every input tensor is
 float32, float64 otherwise, unless the module was generated with ``--dtype``), on their device.
@@ -47,6 +48,13 @@ def _trace(A):
     """The trace: a number for one matrix, a (batch, 1, 1) tensor for a batch of them."""
     t = torch.diagonal(A, dim1=-2, dim2=-1).sum(-1)
     return float(t.detach()) if A.dim() == 2 else t[..., None, None]
+
+
+def _trace_product(A, B):
+    """trace(A @ B) without the product, as the sum of A^t o B (as _trace: a number, or a
+    (batch, 1, 1) tensor)."""
+    t = (A.mT * B).sum(dim=(-2, -1))
+    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
 
 
 def _as_float(x):
