@@ -169,7 +169,7 @@ class Reference(nn.Module):
 
 def copy_weights(model, ref: Reference):
     """fdsl's weights into the reference (nn.Linear holds W^t; heads side by side in the fused QKV)."""
-    W = {name: p.detach() for name, p in model.named_parameters()}
+    W = dict(model.named_weights())
     with torch.no_grad():
         ref.tok.weight.copy_(W["E"])
         ref.pos.copy_(W["P"])
@@ -196,7 +196,7 @@ def pair(module, dtype, seed=0):
     """(fdsl's step module, the reference) with the same weights, in ``dtype``."""
     model = module.Model(dtype=dtype, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():  # layer norm as torch initialises it: gain 1, bias 0 (others as fdsl draws)
-        for name, p in model.named_parameters():
+        for name, p in model.named_weights():
             if name[:2] in ("g1", "g2") or name == "gf":
                 p.fill_(1.0)
             elif name[:2] in ("b1", "b2", "c1", "c2") or name == "bf":

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(args.seed)
     model = m.Model(dtype=dtype, generator=g).to(device)
     with torch.no_grad():  # layer norm starts as torch's does: gain 1, bias 0
-        for name, p in model.named_parameters():
+        for name, p in model.named_weights():
             if name[:2] in ("g1", "g2") or name == "gf":
                 p.fill_(1.0)
             elif name[:2] in ("b1", "b2", "c1", "c2") or name == "bf":
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         opt.step()
         if step % 10 == 0 or step == args.steps - 1:
             bar.set_postfix(loss="%.3f" % (float(loss.detach()) / (args.batch * CONTEXT)))  # per character
-    W = {name: p.detach() for name, p in model.named_parameters()}
+    W = dict(model.named_weights())
     with torch.no_grad():  # the logits written here are the model's: its loss from them, on the last window
         want = torch.nn.functional.cross_entropy(logits(W, X[0], torch), window[0, 1:], reduction="sum")
         got = model(X=X[:1], Y=Y[:1])

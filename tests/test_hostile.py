@@ -462,10 +462,11 @@ def _check_torch_model(path: Path):
             "m = importlib.util.module_from_spec(spec)\n"
             "spec.loader.exec_module(m)\n"
             "model = m.Model(generator=torch.Generator().manual_seed(0))\n"
-            "names = sorted(n for n, _ in model.named_parameters())\n"
+            "names = sorted(n for n, _ in model.named_weights())\n"
             "assert len(names) == 4 and model.training is True and callable(model.forward), names\n"
             "loss = model(X=torch.ones(3, 2, dtype=torch.float64), Y=torch.zeros(3, 2, dtype=torch.float64))\n"
-            "loss.backward(); assert all(p.grad is not None for p in model.parameters())\n")
+            "loss.backward(); assert sorted(model.gradients()) == names\n"
+            "assert all(bool(g.abs().sum() > 0) for g in model.gradients().values())\n")
     pytest.importorskip("torch")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -152,14 +152,20 @@ def test_the_function_and_the_module_train_like_autograd(tmp_path):
         b.backward()
         assert abs(a.item() - b.item()) <= TIGHT * b.item()
         for name, param in theirs.items():
-            assert rel(getattr(ours, name).grad, param.grad) <= TIGHT, name
+            assert rel(ours.gradients()[name], param.grad) <= TIGHT, name
+        assert [p is ours.flat for p in ours.parameters()] == [True]  # the weights are one flat tensor
         step(ours.parameters())
         step(theirs.values())
     # the loss scales the incoming gradient like any other: backward of 3 L gives 3 dL/dW
     ours.zero_grad()
     (3.0 * ours(**data)).backward()
-    once, _ = autograd_grads(dict(data, **{k: getattr(ours, k).detach() for k in weights}), L)
-    assert rel(ours.Q_0.grad, 3.0 * once["Q_0"]) <= TIGHT
+    once, _ = autograd_grads(dict(data, **{k: ours.weight(k).clone() for k in weights}), L)
+    assert rel(ours.gradients()["Q_0"], 3.0 * once["Q_0"]) <= TIGHT
+    for name in weights:  # a weight is a view of the flat parameter: the model's own numbers
+        assert torch.equal(ours.weight(name), dict(ours.named_weights())[name])
+    with torch.no_grad():
+        ours.weight("Q_0").zero_()
+    assert float(ours.flat.detach().abs().sum()) > 0 and float(ours.weight("Q_0").abs().sum()) == 0
 
 
 def test_the_module_imports_only_torch(tmp_path):
@@ -263,7 +269,7 @@ mine = slice(rank * share, (rank + 1) * share)
 loss = model(X0=data["X0"][mine], Y=data["Y"][mine])
 loss.backward()  # DDP averages the gradients of the processes
 if rank == 0:
-    np.savez(out_path, **{k: world * p.grad.numpy() for k, p in model.module.named_parameters()})
+    np.savez(out_path, **{k: world * g.numpy() for k, g in model.module.gradients().items()})
 dist.destroy_process_group()
 '''
 

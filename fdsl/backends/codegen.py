@@ -78,37 +78,91 @@ def loss(values: dict):
     return FdslLoss.apply(scalars, *(values[name] for name in TRAINED))
 
 
+class _FlatLoss(torch.autograd.Function):
+    """FdslLoss for a Model: the weights come as the views of one flat tensor, and the backward
+    writes every gradient into one flat tensor (one copy call for all weights)."""
+
+    @staticmethod
+    def forward(ctx, shapes, scalars, flat, *data):
+        values = dict(scalars)
+        values.update(zip(_DATA_NAMES, data))
+        values.update(zip(WEIGHTS, _views(flat, shapes)))
+        g, value = grads_and_loss(values)
+        ctx.grads, ctx.shapes = g, shapes
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        g, shapes = ctx.grads, ctx.shapes
+        del ctx.grads, ctx.shapes
+        flat = torch.empty(sum(_numel(s) for s in shapes), dtype=grad_loss.dtype, device=grad_loss.device)
+        parts = [x if torch.is_tensor(x) and tuple(x.shape) == s else torch.as_tensor(x, dtype=flat.dtype,
+                 device=flat.device).reshape(s) for x, s in ((g[name], s) for name, s in zip(WEIGHTS, shapes))]
+        torch._foreach_copy_(_views(flat, shapes), parts)
+        flat.mul_(-grad_loss)
+        return (None, None, flat) + (None,) * len(_DATA_NAMES)
+
+
+_DATA_NAMES = tuple(name for name in TRAINED if name not in WEIGHTS)  # the inputs that are not weights
+
+
+def _numel(shape):
+    n = 1
+    for side in shape:
+        n *= side
+    return n
+
+
+def _views(flat, shapes):
+    """The weights as views of ``flat``, in the order of WEIGHTS, shaped ``shapes``."""
+    return [part.view(shape) for part, shape in zip(flat.split([_numel(s) for s in shapes]), shapes)]
+
+
 class Model(torch.nn.Module):
-    """The weights as parameters, and ``forward(**data)`` the loss: a module for optimisers,
-    torch.compile and DistributedDataParallel. ``weights``: initial values by name (default:
-    normal entries scaled by 1/sqrt(rows), as fdsl's ``random`` draws them)."""
+    """The weights, and ``forward(**data)`` the loss: a module for optimisers, torch.compile and
+    DistributedDataParallel. ``weights``: initial values by name (default: normal entries scaled
+    by 1/sqrt(rows), as fdsl's ``random`` draws them).
+
+    The weights live in one flat parameter, ``flat`` (as FSDP's FlatParameter does): an optimiser
+    step is a few calls on one tensor, not a few per weight, and the gradients of a step are
+    written into one tensor by one call. ``weight(name)``, ``named_weights()`` and
+    ``gradients()`` give each weight (and its gradient) as a view, by printed name; a view of the
+    weight shares its storage (an in-place change under ``torch.no_grad()`` changes the model)."""
 
     def __init__(self, weights=None, dtype=torch.float64, device=None, generator=None):
         super().__init__()
-        # each weight's attribute: its name, unless that is one of torch.nn.Module's own (training,
-        # forward, cuda, ...) or taken: then w_ before it, as often as needed
-        self._fdsl_attributes = attributes = {}
-        for name in WEIGHTS:
-            attribute = name
-            while hasattr(self, attribute) or attribute in attributes.values() or \
-                    (attribute in WEIGHTS and attribute != name):
-                attribute = "w_" + attribute
-            attributes[name] = attribute
+        values = []
         for name in WEIGHTS:
             if weights is not None and name in weights:
-                value = torch.as_tensor(weights[name], dtype=dtype, device=device).clone()
+                value = torch.as_tensor(weights[name], dtype=dtype, device=device)
+                if SHAPES[name] is not None and None not in SHAPES[name] and tuple(value.shape) != SHAPES[name]:
+                    raise ValueError("%%s has shape %%s, not %%s" %% (name, tuple(value.shape), SHAPES[name]))
             else:
                 shape = SHAPES[name]
                 if None in shape:
                     raise ValueError("the shape of %%s has a dim without a size: give its initial value" %% name)
                 value = torch.randn(shape, dtype=dtype, device=device, generator=generator) / shape[0] ** 0.5
-            self.register_parameter(self._fdsl_attributes[name], torch.nn.Parameter(value))
+            values.append(value)
+        self.shapes = tuple(tuple(v.shape) for v in values)  # of each weight, in the order of WEIGHTS
+        self.flat = torch.nn.Parameter(torch.cat([v.reshape(-1) for v in values]))
+
+    def named_weights(self):
+        """(printed name, the weight as a view of ``flat``) for every weight."""
+        return zip(WEIGHTS, _views(self.flat.detach(), self.shapes))
+
+    def weight(self, name):
+        """The weight ``name`` as a view of ``flat``."""
+        return dict(self.named_weights())[name]
+
+    def gradients(self):
+        """The gradients of the last backward by printed name, as views of ``flat.grad`` (None
+        before any)."""
+        grad = self.flat.grad
+        return None if grad is None else dict(zip(WEIGHTS, _views(grad, self.shapes)))
 
     def forward(self, **data):
-        values = dict(data)
-        for name in WEIGHTS:
-            values[name] = getattr(self, self._fdsl_attributes[name])
-        return loss(values)
+        scalars = {name: v for name, v in data.items() if name not in _DATA_NAMES}
+        return _FlatLoss.apply(self.shapes, scalars, self.flat, *(data[name] for name in _DATA_NAMES))
 '''
 
 
