@@ -383,7 +383,8 @@ def test_a_subtracted_product_joins_the_sum_of_products():
 
 def test_the_chargpt_scales_each_score_adjoint_once():
     # the attention's score adjoints, read by a weight's gradient and by the adjoint below, are
-    # scaled by s once for both (shared_scalings), not once in each (gradients: the chargpt test)
+    # scaled by s once for both (shared_scalings), not once in each, and once for all heads: on
+    # the stack of the heads (heads.side_by_side), 2 stacks a block (gradients: the chargpt test)
     from fdsl.calculus.gradients import loss_of
 
     p = fdsl.load(ROOT / "examples" / "chargpt.fd")
@@ -391,7 +392,7 @@ def test_the_chargpt_scales_each_score_adjoint_once():
     body = source.split("def grads_and_loss(")[1].split("def grads(")[0]
     s = repr(12 ** -0.5)
     backward = body[body.index("_aa_given("):]
-    assert backward.count(s) == 16 and len(re.findall(r"\w+_s = %s \* \w+\n" % re.escape(s), backward)) == 16, backward
+    assert backward.count(s) == 4 and len(re.findall(r"\w+_hs = %s \* \w+_h\n" % re.escape(s), backward)) == 4, backward
 
 
 def test_a_variable_scaled_in_two_statements_is_scaled_once():

@@ -166,6 +166,26 @@ def _grouped_total_rows(As, B, nb):
     return torch.split(_matmul_total(_cat(As, -2), B, nb), [A.shape[-2] for A in As], -2)
 
 
+def _grouped_heads(A, Bs, h):
+    """A [B_1 ... B_kh] (the h heads of each of k kinds, kind by kind) as k stacks of heads
+    (..., h, rows, cols): views of the one product, no copies."""
+    R = A @ _cat(Bs, -1)
+    R = R.unflatten(-1, (len(Bs) // h, h, -1))
+    return tuple(R.select(-3, j).transpose(-3, -2) for j in range(len(Bs) // h))
+
+
+def _side_by_side(stacks):
+    """Stacks of heads (..., h, rows, cols) as one matrix (..., rows, h cols) each, the stacks one
+    after the other along the columns: one copy, as autograd's attention makes."""
+    x = torch.cat([s.transpose(-3, -2) for s in stacks], -2)
+    return x.reshape(*x.shape[:-2], -1)
+
+
+def _split_total(A, B, nb, count, dim):
+    """_matmul_total(A, B, nb) cut into ``count`` equal parts along ``dim`` (views)."""
+    return _matmul_total(A, B, nb).chunk(count, dim)
+
+
 def _sum_of_products(As, Bs):
     """A_1 @ B_1 + ... + A_k @ B_k as the one product [A_1 ... A_k] [B_1; ...; B_k]."""
     return _cat(As, -1) @ _cat(Bs, -2)
