@@ -89,7 +89,9 @@ def batches(ids: np.ndarray, batch: int, steps: int, seed: int):
 
 
 def one_hot(ids, dtype):
-    return F.one_hot(ids, VOCAB).to(dtype)
+    """The one-hot rows of ``ids`` in ``dtype``, written in place (``F.one_hot`` makes an int64
+    tensor 2x the size first, and a copy)."""
+    return torch.zeros(*ids.shape, VOCAB, dtype=dtype, device=ids.device).scatter_(-1, ids[..., None], 1.0)
 
 
 # ---- fdsl's module ---------------------------------------------------------------------------

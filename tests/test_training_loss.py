@@ -503,3 +503,108 @@ def test_a_gradient_that_sums_an_axis_is_summed_over_the_batch_in_the_same_reduc
             r = np.maximum(x, 0).reshape(-1, 5, 3)
             assert np.allclose(np.asarray(got["A"]), r.sum(axis=(0, 1))[None, :])
             assert np.allclose(np.asarray(got["B"]), r.sum(axis=(0, 2))[:, None])
+
+
+def test_a_trace_of_a_product_is_summed_without_the_product():
+    # trace(Y^t logsoftmax(Z)) is the sum of Y o logsoftmax(Z): the v x v product (a bmm of the
+    # batch) is never made, numpy and torch, one example and a batch; the loss against evaluate
+    from fdsl.calculus.gradients import loss_of
+
+    p = fdsl.parse("dim n = 5, d = 4, v = 6\nconst X : n x d, Y : n x v\nweight W : d x v\n"
+                   "L = -trace(Y^t logsoftmax(X W))\nw = -d(L)\n")
+    rng = np.random.default_rng(21)
+    vals = {"X": rng.standard_normal((3, 5, 4)), "Y": rng.random((3, 5, 6)), "W": rng.standard_normal((4, 6))}
+    for target in ("numpy", "torch"):
+        source = codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", target, loss=loss_of(p["w"]))
+        body = source.split("def grads_and_loss(")[1].split("def grads(")[0]
+        assert "_trace_product(Y.mT, " in body and "_trace(" not in body and "_bmm(" not in body, body
+        ns = codegen.compile_namespace(source)
+        for batch in (vals, {k: v[0] if k in "XY" else v for k, v in vals.items()}):
+            given = {k: torch.tensor(v) for k, v in batch.items()} if target == "torch" else batch
+            _, value = ns["grads_and_loss"](given)
+            ones = [batch] if batch["X"].ndim == 2 else [{**batch, "X": batch["X"][b], "Y": batch["Y"][b]}
+                                                         for b in range(3)]
+            want = sum(float(evaluate(p["L"], v, p.dims)[0, 0]) for v in ones)
+            assert abs(float(value) - want) <= 1e-12 * abs(want), (target, float(value), want)
+
+
+def test_products_that_share_a_factor_read_the_sum_computed_anyway():
+    # F A + F C b is F (A + C b) where A + C b is a node of the computation (an MLP's first weight
+    # after a layer norm: its gradient is one product); where that sum is not there, it stays
+    from fdsl.backends.fusion import factored
+    from fdsl.backends.lowering import nodes
+
+    p = fdsl.parse("dim n = 4, d = 3\nconst X : n x d, F : d x n, C : n x 1 = ones\nweight b : 1 x d\n"
+                   "S = layernorm(X) + C b\nT = F layernorm(X) + F C b\n")
+    S, T_ = p["S"], p["T"]
+    assert T_.op == "add" and all(x.op == "mul" for x in T_.args), T_
+    out = factored(nodes([S, T_]))
+    assert out[T_].op == "mul" and out[T_].args[-1] is S, out[T_]
+    assert factored(nodes([T_]))[T_] is T_  # no S: nothing to read, nothing changes
+    rng = np.random.default_rng(22)
+    vals = {"X": rng.standard_normal((4, 3)), "F": rng.standard_normal((3, 4)), "b": rng.standard_normal((1, 3))}
+    assert np.allclose(evaluate(out[T_], vals, p.dims), evaluate(T_, vals, p.dims))
+    # in the chargpt, every weight's gradient after a layer norm is one product summed over the batch
+    from fdsl.calculus.gradients import loss_of
+
+    g = fdsl.load(ROOT / "examples" / "chargpt.fd")
+    body = codegen.gradients_source(g.normal_form(g["w"]), g.dims, "test", "torch", loss=loss_of(g["w"]))
+    assert "_sum_of_products(" not in body.split("def grads_and_loss(")[1], "a sum of products is left"
+
+
+def _run(stmts, env):
+    from fdsl.backends import torch_runtime
+
+    ns = {k: getattr(torch_runtime, k) for k in dir(torch_runtime) if k.startswith("_") and not k.startswith("__")}
+    ns["torch"] = torch
+    ns.update(env)
+    for st in stmts:
+        exec(st.code, ns)  # noqa: S102 (test-made statements)
+    return ns
+
+
+def test_the_grouped_heads_product_gives_its_kinds_as_views():
+    from fdsl.backends.fusion import Stmt
+    from fdsl.backends.heads import grouped_kinds
+
+    body = [Stmt("a1", "a1, a2, a3, a4, a5, a6 = _grouped(S, (Q0, K0, V0, Q1, K1, V1,))", ("S", "Q0", "K0", "V0")),
+            Stmt("q_h", "q_h = torch.stack((a1, a4,), -3)", ("a1", "a4")),
+            Stmt("k_h", "k_h = torch.stack((a2, a5,), -3)", ("a2", "a5")),
+            Stmt("v_h", "v_h = torch.stack((a6, a3,), -3)", ("a6", "a3")),  # heads in another order
+            Stmt("r", "r = _bmm(_bmm(q_h, k_h.mT), v_h)", ("q_h", "k_h", "v_h"))]
+    out = grouped_kinds(body)
+    assert [st.code for st in out] == ["q_h, k_h, v_h = _grouped_heads(S, (Q0, Q1, K0, K1, V1, V0,), 2)",
+                                       body[-1].code], out
+    g = torch.Generator().manual_seed(5)
+    for lead in ((3,), ()):  # a batch, and one example
+        env = {"S": torch.randn(*lead, 5, 4, generator=g, dtype=torch.float64)}
+        env.update({k: torch.randn(4, 2, generator=g, dtype=torch.float64) for k in ("Q0", "K0", "V0", "Q1", "K1", "V1")})
+        assert torch.allclose(_run(body, env)["r"], _run(out, env)["r"], atol=1e-12)
+    # a slice read by anything but a stack: left as it is
+    assert grouped_kinds(body + [Stmt("z", "z = a1 + 1.0", ("a1",))]) == body + [Stmt("z", "z = a1 + 1.0", ("a1",))]
+
+
+def test_the_heads_of_stacks_are_read_side_by_side():
+    from fdsl.backends.fusion import Stmt
+    from fdsl.backends.heads import side_by_side
+
+    body = [Stmt("a", "a, b = X_h.unbind(-3)", ("X_h",)), Stmt("c", "c, e = Y_h.unbind(-3)", ("Y_h",)),
+            Stmt("a_s", "a_s = 0.5 * a", ("a",)), Stmt("b_s", "b_s = 0.5 * b", ("b",)),
+            Stmt("g1", "g1, g2, g3, g4 = _grouped_total(S.mT, (a_s, b_s, c, e,), _nb)", ("S", "a_s", "b_s", "c", "e")),
+            Stmt("G", "G = _sum_of_products((c, a_s, e, b_s,), (P1, P2, P3, P4,))", ("c", "a_s", "e", "b_s")),
+            Stmt("r1", "r1, r2 = _grouped_total_rows((c.mT, e.mT,), H, _nb)", ("c", "e", "H"))]
+    out = side_by_side(body, {"g1", "g2", "g3", "g4", "G", "r1", "r2"})
+    code = "\n".join(st.code for st in out)
+    assert "unbind" not in code and "_grouped_total" not in code and "_sum_of_products" not in code, code
+    assert code.count("_side_by_side(") == 2 and code.count("0.5 * ") == 1, code  # (a_s, b_s) scaled once
+    g = torch.Generator().manual_seed(6)
+    for nb in (3, 0):
+        lead = (nb,) if nb else ()
+        env = {"_nb": nb, "X_h": torch.randn(*lead, 2, 5, 4, generator=g, dtype=torch.float64),
+               "Y_h": torch.randn(*lead, 2, 5, 4, generator=g, dtype=torch.float64),
+               "S": torch.randn(*lead, 5, 6, generator=g, dtype=torch.float64),
+               "H": torch.randn(*lead, 5, 7, generator=g, dtype=torch.float64)}
+        env.update({k: torch.randn(4, 3, generator=g, dtype=torch.float64) for k in ("P1", "P2", "P3", "P4")})
+        want, got = _run(body, env), _run(out, env)
+        for k in ("g1", "g2", "g3", "g4", "G", "r1", "r2"):
+            assert torch.allclose(want[k], got[k], atol=1e-12), (nb, k)
