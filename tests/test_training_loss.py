@@ -578,7 +578,8 @@ def test_the_grouped_heads_product_gives_its_kinds_as_views():
     g = torch.Generator().manual_seed(5)
     for lead in ((3,), ()):  # a batch, and one example
         env = {"S": torch.randn(*lead, 5, 4, generator=g, dtype=torch.float64)}
-        env.update({k: torch.randn(4, 2, generator=g, dtype=torch.float64) for k in ("Q0", "K0", "V0", "Q1", "K1", "V1")})
+        env.update({k: torch.randn(4, 2, generator=g, dtype=torch.float64)
+                    for k in ("Q0", "K0", "V0", "Q1", "K1", "V1")})
         assert torch.allclose(_run(body, env)["r"], _run(out, env)["r"], atol=1e-12)
     # a slice read by anything but a stack: left as it is
     assert grouped_kinds(body + [Stmt("z", "z = a1 + 1.0", ("a1",))]) == body + [Stmt("z", "z = a1 + 1.0", ("a1",))]

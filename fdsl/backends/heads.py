@@ -159,44 +159,31 @@ def side_by_side(body: list, kept: set) -> list:
         out.append(Stmt(v, "%s = _side_by_side((%s,))" % (v, ", ".join(parts)), tuple(parts)))
         return v
 
+    def in_order(items, where) -> list:
+        ordered = [None] * len(items)
+        for x, k in zip(items, where):
+            ordered[k] = x
+        return ordered
+
     for st in body:
         new = None
-        m = _TOTAL.match(st.code) or _TOTAL_ROWS.match(st.code)
-        if m and st.code.split(" = ", 1)[1].startswith("_grouped_total("):
-            outs, operand, xs = _list(m.group(1)), m.group(2), _list(m.group(3))
-            found = columns(xs)
-            if found and len(outs) == len(xs):
-                groups, where = found
-                ordered = [None] * len(outs)
-                for t, k in zip(outs, where):
-                    ordered[k] = t
-                w = wide(groups)
-                new = Stmt(ordered[0], "%s = _split_total(%s, %s, _nb, %d, -1)" % (", ".join(ordered), operand, w,
-                                                                                    len(outs)), (operand.split(".")[0], w))
-        elif m:
-            outs, xs, operand = _list(m.group(1)), _list(m.group(2)), m.group(3)
-            found = columns(xs, transposed=True)
-            if found and len(outs) == len(xs):
-                groups, where = found
-                ordered = [None] * len(outs)
-                for t, k in zip(outs, where):
-                    ordered[k] = t
-                w = wide(groups)
-                new = Stmt(ordered[0], "%s = _split_total(%s.mT, %s, _nb, %d, -2)" % (", ".join(ordered), w, operand,
-                                                                                       len(outs)), (w, operand.split(".")[0]))
-        else:
-            m = _SUM.match(st.code)
-            if m:
-                xs, ys = _list(m.group(2)), _list(m.group(3))
-                found = columns(xs) if len(xs) == len(ys) else None
-                if found:
-                    groups, where = found
-                    ordered = [None] * len(ys)
-                    for y, k in zip(ys, where):
-                        ordered[k] = y
-                    w = wide(groups)
-                    new = Stmt(st.target, "%s = %s @ _cat((%s,), -2)" % (st.target, w, ", ".join(ordered)),
-                               (w,) + tuple(dict.fromkeys(y.split(".")[0] for y in ordered)))
+        total, rows, summed = _TOTAL.match(st.code), _TOTAL_ROWS.match(st.code), _SUM.match(st.code)
+        if total or rows:  # a weight's gradients: the matrix's columns (rows: its transpose's rows)
+            outs, operand, xs = ((_list(total.group(1)), total.group(2), _list(total.group(3))) if total else
+                                 (_list(rows.group(1)), rows.group(3), _list(rows.group(2))))
+            found = columns(xs, transposed=bool(rows)) if len(outs) == len(xs) else None
+            if found:
+                ordered, w = in_order(outs, found[1]), wide(found[0])
+                args = (operand, w, -1) if total else (w + ".mT", operand, -2)
+                new = Stmt(ordered[0], "%s = _split_total(%s, %s, _nb, %d, %d)"
+                           % (", ".join(ordered), args[0], args[1], len(outs), args[2]), (w, operand.split(".")[0]))
+        elif summed:  # an adjoint: the pairs, which commute, in the matrix's order
+            xs, ys = _list(summed.group(2)), _list(summed.group(3))
+            found = columns(xs) if len(xs) == len(ys) else None
+            if found:
+                ordered, w = in_order(ys, found[1]), wide(found[0])
+                new = Stmt(st.target, "%s = %s @ _cat((%s,), -2)" % (st.target, w, ", ".join(ordered)),
+                           (w,) + tuple(dict.fromkeys(y.split(".")[0] for y in ordered)))
         out.append(new or st)
     # heads and scaled heads that nothing reads now are not made
     while True:
