@@ -609,3 +609,24 @@ def test_the_heads_of_stacks_are_read_side_by_side():
         want, got = _run(body, env), _run(out, env)
         for k in ("g1", "g2", "g3", "g4", "G", "r1", "r2"):
             assert torch.allclose(want[k], got[k], atol=1e-12), (nb, k)
+
+
+def test_a_product_added_to_a_matrix_is_one_addmm():
+    # P = A @ B read only by Y = X + P: Y = _addmm(X, A, B) (a residual, or a bias row), for a
+    # batch, one example, a row and a matrix beside a batch (the fallback); not when P is read again
+    from fdsl.backends.fusion import Stmt
+    from fdsl.backends.heads import added_products
+
+    body = [Stmt("p", "p = A @ B", ("A", "B")), Stmt("y", "y = X + p", ("X", "p")),
+            Stmt("q", "q = y @ B2", ("y", "B2")), Stmt("z", "z = q + r", ("q", "r"))]
+    out = added_products(body, {"z"})
+    assert [st.code for st in out] == ["y = _addmm(X, A, B)", "z = _addmm(r, y, B2)"], out
+    assert added_products(body + [Stmt("w", "w = p * 2.0", ("p",))], set())[0] == body[0]
+    g = torch.Generator().manual_seed(7)
+    for a_lead, x_lead in (((3,), (3,)), ((), ()), ((3,), ())):
+        env = {"A": torch.randn(*a_lead, 5, 4, generator=g, dtype=torch.float64),
+               "B": torch.randn(4, 6, generator=g, dtype=torch.float64),
+               "X": torch.randn(*x_lead, 5, 6, generator=g, dtype=torch.float64),
+               "B2": torch.randn(6, 2, generator=g, dtype=torch.float64),
+               "r": torch.randn(1, 2, generator=g, dtype=torch.float64)}
+        assert torch.allclose(_run(body, env)["z"], _run(out, env)["z"], atol=1e-12)

@@ -193,3 +193,45 @@ def side_by_side(body: list, kept: set) -> list:
         if not dead:
             return out
         out = [st for k, st in enumerate(out) if k not in set(dead)]
+
+
+# ---- a product added to a matrix: one kernel ------------------------------------------------------
+
+_ADD = re.compile(r"(\w+) = ([\w.]+) \+ ([\w.]+)\Z")
+_SIMPLE = re.compile(r"[\w.]+\Z|\([^()]*\)(?:\.mT)?\Z")
+
+
+def added_products(body: list, kept: set) -> list:
+    """``P = A @ B`` read only by ``Y = X + P`` (a residual stream adding a layer's output, a bias
+    row added to a layer's product) as ``Y = _addmm(X, A, B)``: torch's addmm adds X while it
+    multiplies, as ``nn.Linear`` does its bias, one pass over the result fewer. The runtime's
+    ``_addmm`` falls back to ``X + A @ B`` where the shapes do not fold (a matrix beside a batch).
+    ``kept``: variables read after the body."""
+    reads: dict = {}
+    for i, st in enumerate(body):
+        for u in st.uses:
+            reads.setdefault(u, []).append(i)
+    products = {}
+    for i, st in enumerate(body):
+        head, _, code = st.code.partition(" = ")
+        left, at, right = code.partition(" @ ")
+        if at and st.target == head and _SIMPLE.match(left) and "@" not in right and st.target not in kept:
+            products[st.target] = (i, left, right)
+    out = list(body)
+    drop = set()
+    for j, st in enumerate(body):
+        m = _ADD.match(st.code)
+        if not m:
+            continue
+        y, a, b = m.groups()
+        for x, p in ((a, b), (b, a)):
+            if p in products and reads.get(p) == [j] and x.split(".")[0] != p:
+                i, left, right = products[p]
+                if any(w in body[k].code.split(" = ")[0].split(", ") for k in range(i + 1, j)
+                       for w in (x.split(".")[0],)):
+                    continue  # X changes between the product and the sum: keep them apart
+                uses = tuple(dict.fromkeys((x.split(".")[0],) + tuple(u for u in body[i].uses)))
+                out[j] = Stmt(y, "%s = _addmm(%s, %s, %s)" % (y, x, left, right), uses)
+                drop.add(i)
+                break
+    return [st for k, st in enumerate(out) if k not in drop]

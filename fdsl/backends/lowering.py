@@ -73,7 +73,7 @@ from .fusion import (
     unlet,
 )
 from .fusion import transposed as _transposed
-from .heads import grouped_kinds, side_by_side
+from .heads import added_products, grouped_kinds, side_by_side
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter
 
@@ -460,7 +460,7 @@ class Lowering(ModuleWriter):
                         self._oriented_shape((self.order[key[-1][0]], key[-1][1]))[1])
                 shapes.setdefault(var, ends[::-1] if f else ends)
             self.body = stacked_heads(self.body, self._batched_vars(), shapes, returned)
-            self.body = side_by_side(grouped_kinds(self.body), returned)
+            self.body = added_products(side_by_side(grouped_kinds(self.body), returned), returned)
         return results
 
     def _batched_vars(self) -> set:

@@ -166,6 +166,19 @@ def _grouped_total_rows(As, B, nb):
     return torch.split(_matmul_total(_cat(As, -2), B, nb), [A.shape[-2] for A in As], -2)
 
 
+def _addmm(C, A, B):
+    """C + A @ B as one kernel (torch.addmm, as nn.Linear adds its bias), a batch of A folded into
+    its rows; C a matrix of the result's shape or a row. Anything else: C + A @ B."""
+    if torch.is_tensor(C) and B.dim() == 2 and A.dim() in (2, 3) and 0 < C.dim() <= A.dim() \
+            and C.shape[-1] == B.shape[-1]:
+        rows = A.shape[:-1]
+        if C.dim() == 2 and C.shape[0] == 1 or C.shape == rows + B.shape[-1:]:
+            flat = A.reshape(-1, A.shape[-1])
+            out = torch.addmm(C.reshape(-1, C.shape[-1]) if C.shape[0] != 1 or C.dim() == 3 else C, flat, B)
+            return out.view(*rows, B.shape[-1])
+    return C + A @ B
+
+
 def _grouped_heads(A, Bs, h):
     """A [B_1 ... B_kh] (the h heads of each of k kinds, kind by kind) as k stacks of heads
     (..., h, rows, cols): views of the one product, no copies."""
