@@ -615,7 +615,7 @@ def test_a_product_added_to_a_matrix_is_one_addmm():
     # P = A @ B read only by Y = X + P: Y = _addmm(X, A, B) (a residual, or a bias row), for a
     # batch, one example, a row and a matrix beside a batch (the fallback); not when P is read again
     from fdsl.backends.fusion import Stmt
-    from fdsl.backends.heads import added_products
+    from fdsl.backends.kernels import added_products
 
     body = [Stmt("p", "p = A @ B", ("A", "B")), Stmt("y", "y = X + p", ("X", "p")),
             Stmt("q", "q = y @ B2", ("y", "B2")), Stmt("z", "z = q + r", ("q", "r"))]
@@ -630,3 +630,35 @@ def test_a_product_added_to_a_matrix_is_one_addmm():
                "B2": torch.randn(6, 2, generator=g, dtype=torch.float64),
                "r": torch.randn(1, 2, generator=g, dtype=torch.float64)}
         assert torch.allclose(_run(body, env)["z"], _run(out, env)["z"], atol=1e-12)
+
+
+def test_an_affine_layer_norm_is_one_kernel_forward_and_one_backward():
+    # layernorm(A) * C g + C b and its backward (the input's adjoint, the gain's and the bias's
+    # gradients) as torch's fused kernels, batch and one example; left alone when its normalised
+    # X is read by anything else
+    from fdsl.backends.fusion import Stmt
+    from fdsl.backends.kernels import affine_layernorms
+
+    body = [Stmt("x", "x, m, r = _layernorm_stats(A)", ("A",)), Stmt("h", "h = (x * g)", ("x", "g")),
+            Stmt("s", "s = h + b", ("h", "b")), Stmt("y", "y = s @ W", ("s", "W")),
+            Stmt("u", "u = (E * g.mT)", ("E", "g")),
+            Stmt("dA", "dA = _dlayernorm_stats(A, u.mT, m, r)", ("A", "u", "m", "r")),
+            Stmt("wb", "wb = _sum_total(E.mT, -2, _nb)", ("E",)), Stmt("v", "v = (E * x.mT)", ("E", "x")),
+            Stmt("wg", "wg = _sum_total(v, -1, _nb).mT", ("v",))]
+    kept = {"y", "dA", "wg", "wb"}
+    out = affine_layernorms(body, kept)
+    assert [st.code for st in out] == ["s, m, r = _layernorm_affine(A, g, b)", "y = s @ W",
+                                       "dA, wg, wb = _dlayernorm_affine(E.mT, A, m, r, g, b, _nb)"], out
+    gen = torch.Generator().manual_seed(8)
+    for nb in (3, 0):
+        lead = (nb,) if nb else ()
+        env = {"_nb": nb, "A": torch.randn(*lead, 5, 4, generator=gen, dtype=torch.float64),
+               "E": torch.randn(*lead, 4, 5, generator=gen, dtype=torch.float64),
+               "g": torch.randn(1, 4, generator=gen, dtype=torch.float64),
+               "b": torch.randn(1, 4, generator=gen, dtype=torch.float64),
+               "W": torch.randn(4, 2, generator=gen, dtype=torch.float64)}
+        want, got = _run(body, env), _run(out, env)
+        for k in kept:
+            assert torch.allclose(want[k], got[k], atol=1e-12), (nb, k)
+    other = body + [Stmt("z", "z = x + 1.0", ("x",))]
+    assert affine_layernorms(other, kept | {"z"}) == other
