@@ -662,3 +662,17 @@ def test_an_affine_layer_norm_is_one_kernel_forward_and_one_backward():
             assert torch.allclose(want[k], got[k], atol=1e-12), (nb, k)
     other = body + [Stmt("z", "z = x + 1.0", ("x",))]
     assert affine_layernorms(other, kept | {"z"}) == other
+    # the backward in the row frame (G as it is; sums over the rows, -2)
+    rows = body[:4] + [Stmt("u", "u = (F * g)", ("F", "g")), Stmt("dA", "dA = _dlayernorm_stats(A, u, m, r)",
+                                                                  ("A", "u", "m", "r")),
+                       Stmt("wb", "wb = _sum_total(F, -2, _nb)", ("F",)), Stmt("v", "v = (x * F)", ("x", "F")),
+                       Stmt("wg", "wg = _sum_total(v, -2, _nb)", ("v",))]
+    out = affine_layernorms(rows, kept)
+    assert out[-1].code == "dA, wg, wb = _dlayernorm_affine(F, A, m, r, g, b, _nb)", out
+    env["F"] = torch.randn(5, 4, generator=gen, dtype=torch.float64)
+    want, got = _run(rows, env), _run(out, env)
+    for k in kept:
+        assert torch.allclose(want[k], got[k], atol=1e-12), k
+    # a frame that does not fit (the gain summed over the other axis) is left alone
+    wrong = rows[:-1] + [Stmt("wg", "wg = _sum_total(v, -1, _nb).mT", ("v",))]
+    assert affine_layernorms(wrong, kept) == wrong

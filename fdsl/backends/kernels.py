@@ -21,6 +21,7 @@ the shapes do not fit the kernel).
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from .fusion import Stmt, targets, transposed
 
@@ -68,7 +69,7 @@ def added_products(body: list, kept: set) -> list:
 
 _STATS = re.compile(r"(\w+), (\w+), (\w+) = _layernorm_stats\(([\w.]+)\)\Z")
 _HAD = re.compile(r"(\w+) = \(([\w.]+) \* ([\w.]+)\)\Z")
-_BACKWARD = re.compile(r"(\w+) = _dlayernorm_stats\(([\w.]+), (\w+)\.mT, (\w+), (\w+)\)\Z")
+_BACKWARD = re.compile(r"(\w+) = _dlayernorm_stats\(([\w.]+), (\w+)(\.mT)?, (\w+), (\w+)\)\Z")
 _SUM_TOTAL = re.compile(r"(\w+) = _sum_total\(([\w.]+), (-[12]), _nb\)(\.mT)?\Z")
 
 
@@ -78,15 +79,26 @@ def _other(m, one: str):
     return b if a == one else a if b == one else None
 
 
+def _row_sum(m) -> Optional[str]:
+    """G of a statement summing G over its rows and the batch, written in either frame:
+    ``_sum_total(G, -2, _nb)`` or ``_sum_total(G^t, -1, _nb).mT``; else None."""
+    if m.group(3) == "-2" and not m.group(4):
+        return m.group(2)
+    if m.group(3) == "-1" and m.group(4):
+        return transposed(m.group(2))
+    return None
+
+
 def affine_layernorms(body: list, kept: set) -> list:
     """Each affine layer norm (see the module doc) whose forward and backward statements are all
     here, in the forms the lowering writes, done by torch's fused kernels: ``X, m, r =
     _layernorm_stats(A)``, ``M = (X * g)``, ``S = M + b`` become ``S, m, r = _layernorm_affine(A,
-    g, b)``; ``U = (E * g.mT)``, ``D = _dlayernorm_stats(A, U.mT, m, r)``, the gain's gradient
-    ``V = (E * X.mT)``, ``Wg = _sum_total(V, -1, _nb).mT`` and the bias's ``Wb = _sum_total(E, -1,
-    _nb).mT`` (or of E^t over -2) become ``D, Wg, Wb = _dlayernorm_affine(E^t, A, m, r, g, b,
-    _nb)``. A layer norm where any of these is missing, or whose X, M or U something else reads,
-    stays as it is. ``kept``: variables read after the body."""
+    g, b)``; ``U = (G * g)``, ``D = _dlayernorm_stats(A, U, m, r)``, the gain's gradient ``V = (G *
+    X)``, ``Wg = _sum_total(V, -2, _nb)`` and the bias's ``Wb = _sum_total(G, -2, _nb)`` become
+    ``D, Wg, Wb = _dlayernorm_affine(G, A, m, r, g, b, _nb)``, each of them also in the transposed
+    frame (``U = (G^t * g.mT)`` read as ``U.mT``, sums over -1 transposed). A layer norm where any
+    of these is missing, or whose X, M or U something else reads, stays as it is. ``kept``:
+    variables read after the body."""
     reads: dict = {}
     defs: dict = {}  # variable -> the statements that assign it (in place too)
     for i, st in enumerate(body):
@@ -96,7 +108,20 @@ def affine_layernorms(body: list, kept: set) -> list:
             defs.setdefault(t, []).append(i)
     hads = {i: m for i, st in enumerate(body) if (m := _HAD.match(st.code))}
     sums = {i: m for i, st in enumerate(body) if (m := _SUM_TOTAL.match(st.code))}
-    once = lambda v, i: reads.get(v) == [i] and v not in kept and len(defs.get(v, ())) == 1  # noqa: E731
+
+    def once(v, i) -> bool:
+        return reads.get(v) == [i] and v not in kept and len(defs.get(v, ())) == 1
+
+    def scaled(j, factor) -> tuple:
+        """(G, whether transposed) where statement j is G o factor in the row frame, or (G o
+        factor)^t = G^t o factor.mT transposed; (None, None) if it is neither."""
+        if j not in hads:
+            return None, None
+        if _other(hads[j], factor) is not None:
+            return _other(hads[j], factor), False
+        other = _other(hads[j], factor + ".mT")
+        return (transposed(other), True) if other is not None else (None, None)
+
     replace, drop = {}, set()
     for i, st in enumerate(body):
         m = _STATS.match(st.code)
@@ -114,40 +139,34 @@ def affine_layernorms(body: list, kept: set) -> list:
         if add is None or mm not in add.groups()[1:] or "." in (b := next(v for v in add.groups()[1:] if v != mm)):
             continue
         s = add.group(1)
-        # the backward: U = (E * g.mT) read by D = _dlayernorm_stats(A, U.mT, mean, rstd)
+        # the backward: U = G o g read by D = _dlayernorm_stats(A, U, mean, rstd)
         back = [j for j in reads.get(mean, ()) if (d := _BACKWARD.match(body[j].code)) and d.group(2) == a
-                and d.group(4) == mean and d.group(5) == rstd]
+                and d.group(5) == mean and d.group(6) == rstd]
         if len(back) != 1:
             continue
         d = _BACKWARD.match(body[back[0]].code)
-        u = d.group(3)
+        u, frame = d.group(3), bool(d.group(4))
         f_u = defs.get(u, [None])[0]
-        if f_u not in hads or not once(u, back[0]) or _other(hads[f_u], g + ".mT") is None:
+        grad, flip = scaled(f_u, g) if f_u is not None and once(u, back[0]) else (None, None)
+        if grad is None or flip != frame:
             continue
-        e = _other(hads[f_u], g + ".mT")
-        # the gain's gradient: V = (E * X.mT), Wg = _sum_total(V, -1, _nb).mT
-        gain = [j for j in xr if j in hads and _other(hads[j], x + ".mT") == e]
+        # the gain's gradient: V = G o X summed over the rows, the bias's: G summed
+        gain = [j for j in xr if scaled(j, x)[0] == grad]
         if len(gain) != 1 or not set(xr) <= {f2, gain[0]}:
             continue
-        v = hads[gain[0]].group(1)
-        wg = [j for j in reads.get(v, ()) if j in sums and sums[j].group(2) == v and sums[j].group(3) == "-1"
-              and sums[j].group(4)]
-        if len(wg) != 1 or not once(v, wg[0]):
+        v, vflip = hads[gain[0]].group(1), scaled(gain[0], x)[1]
+        wg = [j for j in reads.get(v, ()) if j in sums and _row_sum(sums[j]) == (transposed(v) if vflip else v)]
+        wb = [j for j in sums if _row_sum(sums[j]) == grad]
+        if len(wg) != 1 or not once(v, wg[0]) or not wb:
             continue
-        # the bias's gradient: the sum of E over its last axis (or of E^t over rows)
-        wb = [j for j in sums if (sums[j].group(2), sums[j].group(3), bool(sums[j].group(4))) in
-              ((e, "-1", True), (transposed(e), "-2", False))]
-        if not wb:
-            continue
-        wb = wb[0]
-        if min(wg[0], wb) < back[0] or any(f_u < k <= max(wg[0], wb) for k in defs.get(e.split(".")[0], ())):
-            continue  # the gradients are assigned where the backward is, from E as it is there
+        wg, wb = wg[0], wb[0]
+        if min(wg, wb) < back[0] or any(f_u < k <= max(wg, wb) for k in defs.get(grad.split(".")[0], ())):
+            continue  # the gradients are assigned where the backward is, from G as it is there
         replace[i] = Stmt(s, "%s, %s, %s = _layernorm_affine(%s, %s, %s)" % (s, mean, rstd, a, g, b),
                           (a.split(".")[0], g, b))
-        drop |= {f2, f3, f_u, gain[0], wg[0], wb}
-        grad = transposed(e)
+        drop |= {f2, f3, f_u, gain[0], wg, wb}
         uses = tuple(dict.fromkeys([grad.split(".")[0], a.split(".")[0], mean, rstd, g, b]))
-        dv, wgv, wbv = d.group(1), sums[wg[0]].group(1), sums[wb].group(1)
+        dv, wgv, wbv = d.group(1), sums[wg].group(1), sums[wb].group(1)
         replace[back[0]] = Stmt(dv, "%s, %s, %s = _dlayernorm_affine(%s, %s, %s, %s, %s, %s, _nb)"
                                 % (dv, wgv, wbv, grad, a, mean, rstd, g, b), uses)
     if not replace:
