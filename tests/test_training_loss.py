@@ -198,10 +198,11 @@ def test_named_and_natural_spellings_do_the_same_work(counted):
 def test_one_call_does_what_the_forward_and_one_backward_need(counted):
     got, auto = counted["named"].counts, counted["autograd"].counts
     # 2 blocks of 2 heads of attention, each block's heads one stacked softmax (torch: stacked_heads),
-    # and the softmax of the logits that cross-entropy's backward needs beside the log-softmax of
-    # the loss; a layer norm at each of its 5 places, forward and backward; a GELU per block,
-    # forward and backward
-    assert got["_softmax"] == 3 and got["_log_softmax"] == 1 and auto["_softmax"] == 4
+    # and the log-softmax of the loss, whose derivative is torch's log-softmax backward from it (no
+    # softmax of the logits); a layer norm at each of its 5 places, forward and backward; a GELU per
+    # block, forward and backward
+    assert got["_softmax"] == 2 and got["_log_softmax"] == 1 and auto["_softmax"] == 4
+    assert got["_log_softmax_backward_data"] == auto["_log_softmax_backward_data"] == 1
     assert got["native_layer_norm"] == 5 and got["native_layer_norm_backward"] == 5
     assert got["gelu"] == 2 and got["gelu_backward"] == 2
     # the heads' softmax backward, stacked per block (autograd: one per head), and tau's 4: aa(S, scores)
@@ -676,3 +677,22 @@ def test_an_affine_layer_norm_is_one_kernel_forward_and_one_backward():
     # a frame that does not fit (the gain summed over the other axis) is left alone
     wrong = rows[:-1] + [Stmt("wg", "wg = _sum_total(v, -1, _nb).mT", ("v",))]
     assert affine_layernorms(wrong, kept) == wrong
+
+
+def test_a_log_softmax_derivative_is_the_fused_backward_from_its_forward():
+    # Y - softmax(Z) o rowsum(Y) with logsoftmax(Z) computed: torch's log-softmax backward from it
+    from fdsl.backends.fusion import Stmt
+    from fdsl.backends.kernels import logsoftmax_backwards
+
+    body = [Stmt("L", "L = torch.log_softmax(Z, dim=-1)", ("Z",)), Stmt("p", "p = _softmax(Z)", ("Z",)),
+            Stmt("r", "r = Y.sum(dim=-1, keepdim=True)", ("Y",)), Stmt("h", "h = (p * r)", ("p", "r")),
+            Stmt("d", "d = Y - h", ("Y", "h"))]
+    out = logsoftmax_backwards(body, {"L", "d"})
+    assert [st.code for st in out] == [body[0].code, "d = _dlogsoftmax_given(L, Y)"], out
+    gen = torch.Generator().manual_seed(9)
+    for lead in ((3,), ()):
+        env = {"Z": torch.randn(*lead, 5, 6, generator=gen, dtype=torch.float64),
+               "Y": torch.rand(*lead, 5, 6, generator=gen, dtype=torch.float64)}
+        assert torch.allclose(_run(body, env)["d"], _run(out, env)["d"], atol=1e-12)
+    # no log-softmax of the same Z computed: left alone
+    assert logsoftmax_backwards(body[1:], {"d"}) == body[1:]

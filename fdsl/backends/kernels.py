@@ -172,3 +172,53 @@ def affine_layernorms(body: list, kept: set) -> list:
     if not replace:
         return body
     return [replace.get(k, st) for k, st in enumerate(body) if k not in drop or k in replace]
+
+
+# ---- a log-softmax's derivative from its forward --------------------------------------------------
+
+_LOGSOFTMAX = re.compile(r"(\w+) = torch\.log_softmax\(([\w.]+), dim=-1\)\Z")
+_SOFTMAX = re.compile(r"(\w+) = _softmax\(([\w.]+)\)\Z")
+_ROWSUM = re.compile(r"(\w+) = ([\w.]+)\.sum\(dim=-1, keepdim=True\)\Z")
+_SUB = re.compile(r"(\w+) = ([\w.]+) - (\w+)\Z")
+
+
+def logsoftmax_backwards(body: list, kept: set) -> list:
+    """``B - softmax(Z) o (rowsum(B) 1^t)``, the derivative of log-softmax at Z applied to B (a
+    cross-entropy's ``Y - softmax(Z) rowsum(Y)``), where the forward computed ``L =
+    logsoftmax(Z)``: ``_dlogsoftmax_given(L, B)``, torch's fused log-softmax backward from L,
+    instead of a softmax, a row sum, a product and a difference. ``kept``: variables read after."""
+    reads: dict = {}
+    where: dict = {}
+    for i, st in enumerate(body):
+        for u in st.uses:
+            reads.setdefault(u, []).append(i)
+        for t in targets(st):
+            where.setdefault(t, []).append(i)
+    logs = {m.group(2): (i, m.group(1)) for i, st in enumerate(body) if (m := _LOGSOFTMAX.match(st.code))}
+    replace, drop = {}, set()
+    for j, st in enumerate(body):
+        sub = _SUB.match(st.code)
+        if not sub:
+            continue
+        d, b, h = sub.groups()
+        fh = where.get(h, [None])
+        had = _HAD.match(body[fh[0]].code) if len(fh) == 1 and fh[0] is not None else None
+        if had is None or reads.get(h) != [j] or h in kept:
+            continue
+        p, r = had.group(2), had.group(3)
+        fp, fr = where.get(p, [None]), where.get(r, [None])
+        if len(fp) != 1 or len(fr) != 1 or fp[0] is None or fr[0] is None:
+            continue
+        if _SOFTMAX.match(body[fr[0]].code):
+            p, r, fp, fr = r, p, fr, fp
+        soft, rows = _SOFTMAX.match(body[fp[0]].code), _ROWSUM.match(body[fr[0]].code)
+        if soft is None or rows is None or rows.group(2) != b or soft.group(2) not in logs:
+            continue
+        k, log = logs[soft.group(2)]
+        if k > j or any(reads.get(v) != [fh[0]] or v in kept for v in (p, r)):
+            continue
+        replace[j] = Stmt(d, "%s = _dlogsoftmax_given(%s, %s)" % (d, log, b), (log, b.split(".")[0]))
+        drop |= {fh[0], fp[0], fr[0]}
+    if not replace:
+        return body
+    return [replace.get(k, st) for k, st in enumerate(body) if k not in drop]

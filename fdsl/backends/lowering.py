@@ -74,7 +74,7 @@ from .fusion import (
 )
 from .fusion import transposed as _transposed
 from .heads import grouped_kinds, side_by_side
-from .kernels import added_products, affine_layernorms
+from .kernels import added_products, affine_layernorms, logsoftmax_backwards
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter
 
@@ -465,7 +465,7 @@ class Lowering(ModuleWriter):
                 shapes.setdefault(var, ends[::-1] if f else ends)
             self.body = stacked_heads(self.body, self._batched_vars(), shapes, returned)
             self.body = added_products(side_by_side(grouped_kinds(self.body), returned), returned)
-            self.body = affine_layernorms(self.body, returned)
+            self.body = logsoftmax_backwards(affine_layernorms(self.body, returned), returned)
         return results
 
     def _batched_vars(self) -> set:

@@ -323,6 +323,14 @@ def _ddlayernorm(A, U, B):
     return -inv * (mU * JB + mB * JU + Xhat * (JU * B).mean(dim=-1, keepdim=True))
 
 
+
+def _dlogsoftmax_given(L, B):
+    """dlogsoftmax(A, B) = B - softmax(A) rowsum(B) from L = logsoftmax(A): torch's fused
+    log-softmax backward where B has L's shape."""
+    if L.shape == B.shape:
+        return torch._log_softmax_backward_data(B, L, -1, L.dtype)
+    return B - torch.exp(L) * B.sum(dim=-1, keepdim=True)
+
 def _sigmoid(A):
     return torch.sigmoid(A)
 
