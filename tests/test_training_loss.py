@@ -696,3 +696,34 @@ def test_a_log_softmax_derivative_is_the_fused_backward_from_its_forward():
         assert torch.allclose(_run(body, env)["d"], _run(out, env)["d"], atol=1e-12)
     # no log-softmax of the same Z computed: left alone
     assert logsoftmax_backwards(body[1:], {"d"}) == body[1:]
+
+
+def test_a_gradient_is_computed_as_soon_as_its_operands_are_known():
+    # a result (read by nothing but the return) moves up to just after what it reads, so its
+    # operands can be freed there; past an update in place of what it reads it does not move
+    from fdsl.backends.fusion import Stmt
+    from fdsl.backends.schedule import early_results
+
+    body = [Stmt("a", "a = X @ W", ("X", "W")), Stmt("b", "b = a * 2.0", ("a",)), Stmt("c", "c = b @ V", ("b", "V")),
+            Stmt("a", "a += c", ("a", "c")), Stmt("e", "e = c.sum()", ("c",)),
+            Stmt("ga", "ga = X.mT @ b", ("X", "b")), Stmt("gb", "gb = a.mT @ X", ("a", "X"))]
+    out = early_results(body, {"ga", "gb", "e"})
+    assert [st.target for st in out] == ["a", "b", "ga", "c", "e", "a", "gb"], out
+    rng = np.random.default_rng(13)
+    env = {"X": rng.standard_normal((4, 3)), "W": rng.standard_normal((3, 3)), "V": rng.standard_normal((3, 3))}
+    got = []
+    for stmts in (body, out):
+        ns = dict(env)
+        for st in stmts:
+            exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
+        got.append([ns[k] for k in ("ga", "gb", "e")])
+    assert all(np.allclose(x, y) for x, y in zip(*got))
+    # in the chargpt, the last MLP's weight gradient comes before the first block's adjoint is known
+    from fdsl.calculus.gradients import loss_of
+
+    g = fdsl.load(ROOT / "examples" / "chargpt.fd")
+    src = codegen.gradients_source(g.normal_form(g["w"]), g.dims, "test", "torch", loss=loss_of(g["w"]))
+    lines = src.split("def grads_and_loss(")[1].splitlines()
+    w2 = next(i for i, s in enumerate(lines) if "_matmul_total(" in s and "t76" in s.split("=", 1)[1])
+    first = next(i for i, s in enumerate(lines) if "_dlayernorm_affine(" in s and "gpt_0" in s)
+    assert w2 < first, (w2, first)

@@ -75,6 +75,7 @@ from .fusion import (
 from .fusion import transposed as _transposed
 from .heads import grouped_kinds, side_by_side
 from .kernels import added_products, affine_layernorms, logsoftmax_backwards
+from .schedule import early_results
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter
 
@@ -464,8 +465,11 @@ class Lowering(ModuleWriter):
                         self._oriented_shape((self.order[key[-1][0]], key[-1][1]))[1])
                 shapes.setdefault(var, ends[::-1] if f else ends)
             self.body = stacked_heads(self.body, self._batched_vars(), shapes, returned)
+            returned = set(returned)
             self.body = added_products(side_by_side(grouped_kinds(self.body), returned), returned)
             self.body = logsoftmax_backwards(affine_layernorms(self.body, returned), returned)
+        loss = {self.ref(self.loss).var} if self.loss is not None else set()
+        self.body = early_results(self.body, returned | loss)  # each gradient when its adjoint is known
         return results
 
     def _batched_vars(self) -> set:
