@@ -242,22 +242,27 @@ def step_fn(m, opt):
 
 
 def best_times(steps: dict, x, y, rounds, inner):
-    """Best of ``rounds`` rounds (interleaved) of ``inner`` steps, per step, for each step function."""
+    """(median, best) of ``rounds`` rounds (interleaved) of ``inner`` steps, per step, for each step
+    function."""
     for s in steps.values():  # warm up (and compile)
         for _ in range(3):
             s(x, y)
-    best = {k: float("inf") for k in steps}
+    times: dict = {k: [] for k in steps}
     for _ in range(rounds):
         for k, s in steps.items():
             t0 = time.perf_counter()
             for _ in range(inner):
                 s(x, y)
-            best[k] = min(best[k], (time.perf_counter() - t0) / inner)
-    return best
+            times[k].append((time.perf_counter() - t0) / inner)
+    return {k: (float(np.median(v)), min(v)) for k, v in times.items()}
 
 
 def counts(step, x, y):
-    """(aten calls, matrix products) of one step, counted below autograd (both directions)."""
+    """(aten calls, matrix products, page faults) of one step, the calls counted below autograd
+    (both directions), the faults (minor: memory the C allocator took back from the system) over
+    10 steps."""
+    import resource
+
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -274,7 +279,10 @@ def counts(step, x, y):
     step(x, y)
     with Count() as c:
         step(x, y)
-    return c.calls, c.products
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        step(x, y)
+    return c.calls, c.products, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
 
 
 def timing(module, ids, batch, rounds, inner, compiled, foreach=None):
@@ -331,20 +339,24 @@ def main(argv=None) -> int:
                                                                      b[-1], diff))
     say()
     say("(fdsl / autograd for the losses.) One float32 training step (zero_grad, forward, backward, Adam%s), "
-        "best of %d rounds of %d steps:" % (" with foreach=True" if args.foreach else "", args.rounds, args.inner))
+        "%d rounds of %d steps, interleaved; milliseconds a step, the median round (the best one in brackets):"
+        % (" with foreach=True" if args.foreach else "", args.rounds, args.inner))
     say()
-    say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd | aten calls fdsl / autograd | "
-        "matrix products fdsl / autograd |")
-    say("|---|---|---|---|---|---|---|")
+    say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd, median (best) | aten calls fdsl / autograd | "
+        "matrix products fdsl / autograd | page faults a step fdsl / autograd |")
+    say("|---|---|---|---|---|---|---|---|")
     for batch in (8, 64):
-        best, counted = timing(module, ids, batch, args.rounds, args.inner, args.compile, args.foreach or None)
-        (cf, pf), (ca, pa) = counted["fdsl"], counted["autograd"]
-        say("| %d | eager | %.2f | %.2f | **%.2f** | %d / %d | %d / %d |" % (
-            batch, best["fdsl"] * 1e3, best["autograd"] * 1e3, best["fdsl"] / best["autograd"], cf, ca, pf, pa))
+        t, counted = timing(module, ids, batch, args.rounds, args.inner, args.compile, args.foreach or None)
+        (cf, pf, ff), (ca, pa, fa) = counted["fdsl"], counted["autograd"]
+
+        def row(mode, ours, theirs, rest):
+            say("| %d | %s | %.2f (%.2f) | %.2f (%.2f) | **%.2f** (%.2f) | %s |" % (
+                batch, mode, t[ours][0] * 1e3, t[ours][1] * 1e3, t[theirs][0] * 1e3, t[theirs][1] * 1e3,
+                t[ours][0] / t[theirs][0], t[ours][1] / t[theirs][1], rest))
+
+        row("eager", "fdsl", "autograd", "%d / %d | %d / %d | %.0f / %.0f" % (cf, ca, pf, pa, ff, fa))
         if args.compile:
-            say("| %d | torch.compile | %.2f | %.2f | **%.2f** | | |" % (
-                batch, best["fdsl compiled"] * 1e3, best["autograd compiled"] * 1e3,
-                best["fdsl compiled"] / best["autograd compiled"]))
+            row("torch.compile", "fdsl compiled", "autograd compiled", " | |")
     print("%.0f s in all" % (time.time() - t0))
     if not args.no_write:
         write(lines)

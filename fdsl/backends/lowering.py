@@ -915,7 +915,8 @@ class Lowering(ModuleWriter):
         operator (mm, aa, a template) may be a scalar term such as eye(1) = 1 or trace(A)."""
         if not ref.scalar:
             return ref
-        return self._new(None, lambda v: "%s = np.full((1, 1), %s)" % (v, ref.var), [ref.var])
+        device = ", _dev" if self.target.device else ""
+        return self._new(None, lambda v: "%s = _scalar_matrix(%s, _dt%s)" % (v, ref.var, device), [ref.var])
 
     def _mm(self, b: Term) -> _Ref:
         a, fa = canon(b.args[0])

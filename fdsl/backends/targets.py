@@ -180,6 +180,12 @@ def _as_float(x):
     return float(np.asarray(x).reshape(()))
 
 
+def _scalar_matrix(x, dtype):
+    """A scalar as a 1 x 1 array (a per-example scalar, (batch, 1, 1), as it is)."""
+    x = np.asarray(x, dtype=dtype)
+    return x if x.ndim == 3 else x.reshape(1, 1)
+
+
 def _dtype(values, names, forced):
     """The dtype to compute in: the forced one, else float32 when every array input is float32,
     else float64."""

@@ -61,6 +61,13 @@ def _as_float(x):
     return float(torch.as_tensor(x).reshape(()))
 
 
+def _scalar_matrix(x, dtype, device):
+    """A scalar as a 1 x 1 matrix (a per-example scalar, (batch, 1, 1), as it is)."""
+    if torch.is_tensor(x):
+        return x.to(dtype) if x.dim() == 3 else x.to(dtype).reshape(1, 1)
+    return torch.full((1, 1), x, dtype=dtype, device=device)
+
+
 def _dtype(values, names, forced):
     """(dtype, device) to compute in: the forced dtype, else float32 when every tensor input is
     float32, else float64; the device of the first tensor input (the CPU when there is none)."""

@@ -11,6 +11,8 @@ method      one way of turning the case into gradient numbers, named in reports:
             ``eval[F]``    the numpy evaluation (``fdsl.backends.numpy_eval``) of the gradient terms
                            ``G_W^t`` of the normal form F of w (``codegen.gradient_terms``),
             ``code[F]``    the generated code (``fdsl.backends.codegen``) of the normal form F,
+            ``torch-code[F]`` the same for the torch target (its own lowering passes: stacked
+                           heads, fused kernels, addmm), when torch is installed,
             ``grad(w)``    what a user gets: ``grad(w)`` in the program (the path of ``fdsl grad``,
                            the repl and ``train``),
             ``torch``      torch autograd of the plain term L (``fdsl.backends.torch_eval``), when
@@ -172,6 +174,8 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
         ev = Evaluator(values, dims)
         got["eval[%s]" % name] = full({W: ev.value(g) for W, g in codegen.gradient_terms(nf).items()})
         got["code[%s]" % name] = full(codegen.compile_gradients(nf, dims)(values) if weights(nf) else {})
+        if use_torch and weights(nf):
+            got["torch-code[%s]" % name] = full(_torch_code(nf, dims, values))
     store = program_values(program)
     store.update(values)
     got["grad(w)"] = full(gradients(program, w))
@@ -190,6 +194,17 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
     if fd:
         _finite_differences(report, L, values, dims, names, ref, sign, seed, fd_tol)
     return report
+
+
+def _torch_code(nf, dims, values) -> dict:
+    """The gradients of the torch module ``fdsl codegen --target torch`` writes for ``nf``, in
+    float64, as numpy arrays."""
+    import torch
+
+    grads = codegen.compile_namespace(codegen.gradients_source(nf, dims, target="torch"))["grads"]
+    given = {k: torch.as_tensor(np.asarray(v, dtype=np.float64)) if np.ndim(v) else v for k, v in values.items()}
+    return {k: np.asarray(v.detach().numpy() if torch.is_tensor(v) else v, dtype=np.float64)
+            for k, v in grads(given).items()}
 
 
 def _kink_at_the_point(L, values, dims) -> Optional[str]:
