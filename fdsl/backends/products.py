@@ -1,0 +1,247 @@
+"""The products of the lowering: words, chain order, shared sub-words (a part of ``Lowering``).
+
+Vocabulary
+----------
+ref          how a term is read from the generated variables: a variable, transposed or not
+             (``_Ref``); scalar terms are Python floats or literals.
+word         the matrix factors of a product as (base, transposed) pairs (``canon``: a term's base
+             and whether it is its transpose, let names looked through); its scalar factors stand
+             apart and are multiplied in last, into the smallest of the two operands of the last
+             multiplication or its result.
+sub-word     a contiguous run of a word, shared between products up to transposition.
+chain order  a product bracketed by dynamic programming on the numeric sizes (the matrix-chain
+             problem), a sub-word already computed costing nothing and one that k products
+             contain 1/k of its work.
+
+``Products`` is a mixin of ``fdsl.backends.lowering.Lowering``: the state it reads (``refs``,
+``avail``, ``counts``, ``order``, the target) is the lowering's; see that module's doc.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from ..core.terms import Term
+from .fusion import transposed as _transposed
+
+
+class _Ref(NamedTuple):
+    var: str  # a variable, or a literal for constant scalars
+    flip: bool = False  # the value is var.T
+    scalar: bool = False
+
+    def expr(self) -> str:
+        # .mT swaps the last two axes (numpy >= 2 and torch alike): a batch of matrices works too
+        return self.var + ".mT" if self.flip and not self.scalar else self.var
+
+    def t(self) -> "_Ref":
+        return self if self.scalar else _Ref(self.var, not self.flip, False)
+
+
+def canon(t: Term) -> tuple:
+    """(base, transposed): ``t`` is the base, or its transpose, with let names looked through."""
+    flip = False
+    while t.op in ("t", "let"):
+        if t.op == "t":
+            flip = not flip
+        t = t.args[0]
+    return t, flip
+
+
+class Products:
+    """The products of a ``Lowering``: their words, the chain order of each and the sub-words they
+    share (see the lowering's module doc). A mixin: the state it reads is the lowering's."""
+
+    # -- words of products
+
+    def _word(self, b: Term) -> tuple:
+        """(numeric coefficient, scalar factors, matrix word) of a product."""
+        coeff = 1.0
+        scalars, word = [], []
+        for f in b.args:
+            if f.scalar:
+                c = self.const_scalar(f)
+                if c is not None:
+                    coeff *= c
+                else:
+                    scalars.append(f)
+            else:
+                word.append(canon(f))
+        return coeff, scalars, word
+
+    def _key(self, word) -> tuple:
+        """(canonical key of a word up to transposition, whether the word is its transpose)."""
+        key = tuple((self.uid[b], f) for b, f in word)
+        tkey = tuple((u, not f) for u, f in reversed(key))
+        return (key, False) if key <= tkey else (tkey, True)
+
+    def _oriented_shape(self, factor) -> tuple:
+        b, f = factor
+        r, c = b.shape
+        return (c, r) if f else (r, c)
+
+    # -- products
+
+    def _product(self, b: Term) -> _Ref:
+        coeff, scalars, word = self._word(b)
+        flip = self.store_flip.get(b, False)
+        if flip:  # compute the transpose: the reversed word, each factor transposed
+            word = [(x, not f) for x, f in reversed(word)]
+        scale = [repr(coeff)] if coeff != 1.0 else []
+        scale += [self.ref(s).var for s in scalars]
+        scale_code = " * ".join(scale)
+        if len(word) == 1:
+            x = self._factor(word[0])
+            if not scale:
+                return x.t() if flip else x
+            code = ("-%s" % x.expr()) if scale_code == "-1.0" else "%s * %s" % (scale_code, x.expr())
+            return self._new(b, lambda v: "%s = %s" % (v, code), [x.var] + scale, flip=flip)
+        split = self._plan(word)
+        self._release(word, split)
+        key, _ = self._key(word)
+        if not scale:
+            ref = self._interval(word, split, 0, len(word) - 1, self._hint(b))
+            return ref.t() if flip else ref
+        if key in self.avail or self.counts.get(key, 1) > 1:
+            # the unscaled product is (or will be) shared: compute it once, scale a copy
+            whole = self._interval(word, split, 0, len(word) - 1)
+            return self._new(b, lambda v: "%s = %s * %s" % (v, scale_code, whole.expr()),
+                             [whole.var] + scale, flip=flip)
+        s = split[0][len(word) - 1]
+        left = self._interval(word, split, 0, s)
+        right = self._interval(word, split, s + 1, len(word) - 1)
+        rows, inner, cols = (self._guess(d) for d in (self._oriented_shape(word[0])[0],
+                                                       self._oriented_shape(word[s])[1],
+                                                       self._oriented_shape(word[-1])[1]))
+        self.flops += rows * inner * cols
+        sizes = {"left": rows * inner, "right": inner * cols, "out": rows * cols}
+        # a side that is a vector of ones is not multiplied but summed over (_matmul): a scalar put
+        # on it would be lost, so it goes on the other side or the result
+        sizes.pop(self._ones_side(word[:s + 1], word[s + 1:]), None)
+        where = min(sizes, key=sizes.get)
+        lhs, rhs = left.expr(), right.expr()
+        uses = [left.var, right.var] + scale
+        if where == "left":
+            lhs = "(%s * %s)" % (scale_code, lhs)
+        elif where == "right":
+            rhs = "(%s * %s)" % (scale_code, rhs)
+        if where != "out" and self._folds(word[:s + 1], word[s + 1:]):  # as in _interval
+            return self._new(b, lambda v: "%s = %s @ %s" % (v, _transposed(rhs), _transposed(lhs)), uses,
+                             flip=not flip)
+        if where != "out":
+            return self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
+                                                                       left, right)), uses, flip=flip)
+        ref = self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
+                                                                  left, right)), uses, flip=flip)
+        self._emit_stmt(ref.var, "%s *= %s" % (ref.var, scale_code), [ref.var] + scale)
+        return ref
+
+    def _factor(self, factor) -> _Ref:
+        b, f = factor
+        r = self.refs[b]
+        return r.t() if f else r
+
+    def _release(self, word, split):
+        """Count this product out of the sub-words its bracketing does not compute: they are shared
+        with one product fewer than planned (so a later product does not take one of them at a
+        share of its cost that nobody else pays)."""
+        used = set()
+        stack = [(0, len(word) - 1)]
+        while stack:
+            i, j = stack.pop()
+            if i == j:
+                continue
+            used.add(self._key(word[i:j + 1])[0])
+            s = split[i][j]
+            if s is not None:
+                stack += [(i, s), (s + 1, j)]
+        for key in {self._key(word[i:j + 1])[0] for i in range(len(word)) for j in range(i + 1, len(word))} - used:
+            if self.counts.get(key, 0) > 1:
+                self.counts[key] -= 1
+
+    def _plan(self, word) -> list:
+        """split[i][j]: where the cheapest bracketing of word[i..j] splits it (None: available)."""
+        m = len(word)
+        p = [self._guess(self._oriented_shape(word[0])[0])] + [self._guess(self._oriented_shape(f)[1]) for f in word]
+        cost = [[0.0] * m for _ in range(m)]
+        split = [[None] * m for _ in range(m)]
+        for length in range(2, m + 1):
+            for i in range(m - length + 1):
+                j = i + length - 1
+                key, _ = self._key(word[i:j + 1])
+                if key in self.avail:
+                    continue  # already computed: free
+                best, where = None, None
+                for s in range(i, j):
+                    c = cost[i][s] + cost[s + 1][j] + p[i] * p[s + 1] * p[j + 1]
+                    if best is None or c < best:
+                        best, where = c, s
+                cost[i][j] = best / self.counts.get(key, 1)
+                split[i][j] = where
+        return split
+
+    def _interval(self, word, split, i, j, hint=None) -> _Ref:
+        if i == j:
+            return self._factor(word[i])
+        key, rel = self._key(word[i:j + 1])
+        if key in self.avail:
+            var, f = self.avail[key]
+            return _Ref(var, f ^ rel)
+        s = split[i][j]
+        left = self._interval(word, split, i, s)
+        right = self._interval(word, split, s + 1, j)
+        self.flops += (self._guess(self._oriented_shape(word[i])[0]) * self._guess(self._oriented_shape(word[s])[1])
+                       * self._guess(self._oriented_shape(word[j])[1]))
+        var = self._fresh(hint)
+        if self._folds(word[i:s + 1], word[s + 1:j + 1]):  # (B^t A^t)^t: the batch on the left
+            self._emit_stmt(var, "%s = %s @ %s" % (var, right.t().expr(), left.t().expr()), [left.var, right.var])
+            self.avail[key] = (var, not rel)
+            return _Ref(var, True)
+        code = self._matmul(left.expr(), right.expr(), word[i:s + 1], word[s + 1:j + 1], left, right)
+        self._emit_stmt(var, "%s = %s" % (var, code), [left.var, right.var])
+        self.avail[key] = (var, rel)
+        return _Ref(var)
+
+    def _folds(self, lword, rword) -> bool:
+        """Whether to compute the product ``lword rword`` as the transpose of ``rword^t lword^t``:
+        when only its right side varies per example and the target folds a batch on the left of a
+        product into one matrix product (torch: ``(b, n, d) @ (d, k)`` is one ``mm``, while
+        ``(d, n) @ (b, n, k)`` broadcasts the left side and makes b of them)."""
+        if not self.target.folds_batches or self._ones_side(lword, rword) is not None:
+            return False
+        return (not any(b in self.batched for b, _ in lword)) and any(b in self.batched for b, _ in rword)
+
+    def _ones_side(self, lword, rword) -> Optional[str]:
+        """Which side of the product ``lword rword`` is a single vector of ones (a column on the
+        right, a row on the left), so that the product is a row or column sum of the other side."""
+        if len(rword) == 1 and self._ones_factor(rword[0]) and self._oriented_shape(rword[0])[1] == 1:
+            return "right"
+        if len(lword) == 1 and self._ones_factor(lword[0]) and self._oriented_shape(lword[0])[0] == 1:
+            return "left"
+        return None
+
+    def _matmul(self, lhs, rhs, lword, rword, left, right) -> str:
+        """``lhs @ rhs``, or a row or column sum when one side is a single vector of ones (whose
+        expression must then be the plain vector: nothing on that side is read)."""
+        side = self._ones_side(lword, rword)
+        if side == "right":
+            assert rhs == right.expr(), "a scaled vector of ones would be summed away"
+            return self._sum_axis(left, 1, lhs)
+        if side == "left":
+            assert lhs == left.expr(), "a scaled vector of ones would be summed away"
+            return self._sum_axis(right, 0, rhs)
+        return "%s @ %s" % (lhs, rhs)
+
+    @staticmethod
+    def _ones_factor(factor) -> bool:
+        b, _ = factor
+        return b.op == "ones" or (b.op == "sym" and b.data[0].value == "ones")
+
+    def _sum_axis(self, ref: _Ref, axis: int, expr: str) -> str:
+        """The sum of the columns (axis 0) or rows (axis 1) of a matrix, kept 2-d; counted from
+        the end (-2, -1), so that a batch of matrices is summed matrix by matrix."""
+        if expr != ref.expr():  # scaled: sum the expression as it is
+            return self.target.sum_axis("(%s)" % expr, axis - 2)
+        if ref.flip:  # sum the stored array along the other axis: contiguous, then a view
+            return self.target.sum_axis(ref.var, -1 - axis) + ".mT"
+        return self.target.sum_axis(ref.var, axis - 2)
