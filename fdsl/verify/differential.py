@@ -12,7 +12,10 @@ method      one way of turning the case into gradient numbers, named in reports:
                            ``G_W^t`` of the normal form F of w (``codegen.gradient_terms``),
             ``code[F]``    the generated code (``fdsl.backends.codegen``) of the normal form F,
             ``torch-code[F]`` the same for the torch target (its own lowering passes: stacked
-                           heads, fused kernels, addmm), when torch is installed,
+                           heads, fused kernels, addmm), when torch is installed, and
+            ``torch-batch[F]`` the torch target on a batch of two examples (the case's data and
+                           a second draw of it), against torch autograd's gradients of each
+                           example added (the gradient of the loss summed over the batch),
             ``grad(w)``    what a user gets: ``grad(w)`` in the program (the path of ``fdsl grad``,
                            the repl and ``train``),
             ``torch``      torch autograd of the plain term L (``fdsl.backends.torch_eval``), when
@@ -87,6 +90,7 @@ class Report:
     skipped: list = field(default_factory=list)  # (method, reason)
     checked_fd: int = 0
     refined_fd: int = 0  # weights whose finite difference needed a step below FD_STEPS[0]
+    batch_closeness: dict = field(default_factory=dict)  # torch-batch[F] -> its largest error / scale
 
     @property
     def ok(self) -> bool:
@@ -191,9 +195,42 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
             err = float(np.max(np.abs(grads[n] - ref[n]))) if ref[n].size else 0.0
             if not err <= tol * report.scale:  # also catches NaN
                 report.disagreements.append((method, n, err / report.scale))
+    if use_torch:
+        _batched_torch(report, nfs, L, leaves, values, dims, names, ref, sign, seed, tol, full)
     if fd:
         _finite_differences(report, L, values, dims, names, ref, sign, seed, fd_tol)
     return report
+
+
+def _batched_torch(report, nfs, L, leaves, values, dims, names, ref, sign, seed, tol, full):
+    """``torch-batch[F]`` (see the module doc): skipped where the case has no data, or its second
+    draw has no finite loss or sits at a kink."""
+    data = [n for n, leaf in leaves.items() if leaf.data[0].kind == "const"]
+    if not data or not any(weights(nf) for nf in nfs.values()):
+        return
+    second = dict(values)
+    second.update({k: v for k, v in draw_values(leaves, dims, seed + 7919).items() if k in data})
+    try:
+        Evaluator(second, dims).value(L)
+    except NonFinite:
+        return
+    if _kink_at_the_point(L, second, dims) is not None:
+        return
+    tg = torch_eval.TorchEvaluator(second, dims, names).gradients(L, names)
+    want = {n: ref[n] + float(sign) * tg[n] for n in names}
+    scale = max([report.scale] + [float(np.max(np.abs(g))) for g in want.values() if g.size])
+    batch = {k: np.stack([values[k], second[k]]) if k in data else v for k, v in values.items()}
+    for name, nf in nfs.items():
+        if not weights(nf):
+            continue
+        method = "torch-batch[%s]" % name
+        got = full(_torch_code(nf, dims, batch))  # (not among report.gradients: another point)
+        report.batch_closeness[method] = 0.0
+        for n in names:
+            err = float(np.max(np.abs(got[n] - want[n]))) if want[n].size else 0.0
+            report.batch_closeness[method] = max(report.batch_closeness[method], err / scale)
+            if not err <= tol * scale:
+                report.disagreements.append((method, n, err / scale))
 
 
 def _torch_code(nf, dims, values) -> dict:

@@ -480,7 +480,7 @@ def _closeness(report: Report) -> float:
     import numpy as np
 
     ref = report.gradients[report.reference]
-    worst = 0.0
+    worst = max(report.batch_closeness.values(), default=0.0)
     for grads in report.gradients.values():
         for n, g in grads.items():
             if g.size:
