@@ -751,3 +751,27 @@ def test_an_elementwise_operator_of_transposed_arguments_runs_on_the_stored_arra
         one = {k: v[0] if k in "XY" else v for k, v in vals.items()}
         got = ns["grads"]({k: torch.tensor(v) for k, v in one.items()} if target == "torch" else one)
         assert _rel({k: np.asarray(v) for k, v in got.items()}, want) <= 1e-12, target
+
+
+def test_the_loss_alone_under_no_grad_is_the_forward_sweep():
+    # evaluation: Model(...) and loss(values) under torch.no_grad() stop once the loss is known
+    # (no layer-norm or softmax backward is called), with the same value as a training call
+    from fdsl.calculus.gradients import loss_of
+
+    p = fdsl.load(ROOT / "examples" / "chargpt.fd")
+    ns = codegen.compile_namespace(codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", "torch",
+                                                            loss=loss_of(p["w"])))
+    model = ns["Model"](generator=torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 96, (2, 33), generator=gen)
+    X = torch.nn.functional.one_hot(ids[:, :-1], 96).double()
+    Y = torch.nn.functional.one_hot(ids[:, 1:], 96).double()
+    trained = model(X=X, Y=Y).detach()
+    with torch.no_grad(), _Count() as c:
+        alone = model(X=X, Y=Y)
+    assert abs(float(alone) - float(trained)) <= 1e-12 * abs(float(trained))
+    assert c.counts["native_layer_norm_backward"] == 0 and c.counts["_softmax_backward_data"] == 0, c.counts
+    assert c.counts["native_layer_norm"] == 5 and c.counts["_log_softmax"] == 1, c.counts
+    values = dict(X=X, Y=Y, **dict(model.named_weights()))
+    with torch.no_grad():
+        assert abs(float(ns["loss"](values)) - float(trained)) <= 1e-12 * abs(float(trained))

@@ -74,6 +74,8 @@ def loss(values: dict):
     """The loss L (%(loss)s) at ``values`` (tensors by printed name; a batch axis on the data sums the
     loss over it), differentiable in the weights through fdsl's closed-form gradient:
     ``loss(values).backward()`` fills the ``.grad`` of the weight tensors that require it."""
+    if not torch.is_grad_enabled():  # evaluation: the forward sweep alone
+        return grads_and_loss(values, False)[1]
     scalars = {name: v for name, v in values.items() if name not in TRAINED}
     return FdslLoss.apply(scalars, *(values[name] for name in TRAINED))
 
@@ -127,7 +129,8 @@ class Model(torch.nn.Module):
     step is a few calls on one tensor, not a few per weight, and the gradients of a step are
     written into one tensor by one call. ``weight(name)``, ``named_weights()`` and
     ``gradients()`` give each weight (and its gradient) as a view, by printed name; a view of the
-    weight shares its storage (an in-place change under ``torch.no_grad()`` changes the model)."""
+    weight shares its storage (an in-place change under ``torch.no_grad()`` changes the model).
+    Under ``torch.no_grad()`` the loss is the forward sweep alone, without the gradients."""
 
     def __init__(self, weights=None, dtype=torch.float64, device=None, generator=None):
         super().__init__()
@@ -161,6 +164,10 @@ class Model(torch.nn.Module):
         return None if grad is None else dict(zip(WEIGHTS, _views(grad, self.shapes)))
 
     def forward(self, **data):
+        if not torch.is_grad_enabled():  # evaluation (torch.no_grad()): the forward sweep alone
+            values = dict(data)
+            values.update(self.named_weights())
+            return grads_and_loss(values, False)[1]
         scalars = {name: v for name, v in data.items() if name not in _DATA_NAMES}
         return _FlatLoss.apply(self.shapes, scalars, self.flat, *(data[name] for name in _DATA_NAMES))
 '''

@@ -9,6 +9,7 @@ decides what is computed, in which order (its module doc).
 from __future__ import annotations
 
 from ..core.printers import short
+from .fusion import targets as targets_of
 from .source import _indent, _natural, docstring_literal
 
 
@@ -51,11 +52,20 @@ class ModuleWriter:
         for i, s in enumerate(self.body):
             for u in s.uses:
                 last[u] = i
+        # torch: a call that wants the loss alone (no gradients: evaluation, torch.no_grad) returns
+        # once the loss is known, so it costs the forward sweep only
+        early = loss is not None and self.target.device and name == "grads_and_loss"
+        loss_at = max((i for i, s in enumerate(self.body) if set(loss[1]) & set(targets_of(s))), default=-1) \
+            if early else None
+        if early and loss_at < 0:
+            lines.append("if not _grads:\n    return None, %s" % loss[0])
         for i, s in enumerate(self.body):
             comment = self._comments.get(s.target) if s.target and s.code.startswith(s.target + " = ") else None
             if comment:
                 lines.append("# " + comment)
             lines.append(s.code)
+            if early and i == loss_at:
+                lines.append("if not _grads:\n    return None, %s" % loss[0])
             dead = sorted({u for u in s.uses if last.get(u) == i and u not in keep and u not in returned
                            and u != s.target})
             if dead:
@@ -133,9 +143,15 @@ class ModuleWriter:
         body = [("    " + line).rstrip() if "\n" not in line else _indent(line)
                 for line in self.function_body(results, loss, "grads_and_loss" if loss is not None else "grads")]
         if loss is not None:
-            out.append("def grads_and_loss(values: dict):")
-            out.append('    """(every gradient G_W^t by printed weight name, the loss %s), from one sweep."""'
-                       % ("L" if self.loss.scalar else "1/2 ||E||^2"))
+            if target.device:
+                out.append("def grads_and_loss(values: dict, _grads: bool = True):")
+                out.append('    """(every gradient G_W^t by printed weight name, the loss %s), from one sweep; with '
+                           '``_grads``\n    false, (None, the loss) from the forward sweep alone."""'
+                           % ("L" if self.loss.scalar else "1/2 ||E||^2"))
+            else:
+                out.append("def grads_and_loss(values: dict):")
+                out.append('    """(every gradient G_W^t by printed weight name, the loss %s), from one sweep."""'
+                           % ("L" if self.loss.scalar else "1/2 ||E||^2"))
             out.extend(body)
             out += ["", ""]
             body = ["    return grads_and_loss(values)[0]"]
