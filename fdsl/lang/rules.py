@@ -352,6 +352,7 @@ class RuleBook:
         items = cached[1]
         current = None
         display = _display_path(path)
+        lines = text.splitlines()  # once per file: a rule's source line is looked up, not split for
 
         def err(message, node_or_item):
             line = getattr(node_or_item, "line", None) or (node_or_item.get("line") if isinstance(node_or_item, dict)
@@ -392,16 +393,17 @@ class RuleBook:
                     raise err("%s is already a strategy (%s:%d)" % (name, self.strategies[name].file,
                                                                     self.strategies[name].line), item)
                 current = self.rulesets.setdefault(name, Ruleset(name, file=display, line=item["line"]))
-                for inc in item["includes"]:
-                    if inc not in current.includes:
-                        current.includes.append(inc)
-                for exc in item["excepts"]:
-                    if exc not in current.excepts:
-                        current.excepts.append(exc)
+                # (a set of what is there: a header may name 20,000 rulesets)
+                for names, there in ((item["includes"], current.includes), (item["excepts"], current.excepts)):
+                    seen = set(there)
+                    for x in names:
+                        if x not in seen:
+                            seen.add(x)
+                            there.append(x)
             elif kind == "rule":
                 if current is None:
                     raise err("rule %s stands outside a ruleset: start one with 'ruleset NAME'" % item["name"], item)
-                current.rules.append(self._compile_rule(item, current.name, display, err, text))
+                current.rules.append(self._compile_rule(item, current.name, display, err, lines))
             elif kind == "strategy":
                 name = item["name"]
                 self._check_free_name(name, "strategy", err, item)
@@ -519,7 +521,7 @@ class RuleBook:
         if existing is None:
             O.register(op)
 
-    def _compile_rule(self, item, ruleset, display, err, text) -> Rule:
+    def _compile_rule(self, item, ruleset, display, err, lines) -> Rule:
         name = item["name"]
         if (ruleset, name) in self.rule_names:
             first = self.rule_names[(ruleset, name)]
@@ -563,7 +565,7 @@ class RuleBook:
             if len(gargs) != 1:
                 raise FdslError("predicate %s takes one argument" % pred, display, line, col)
             guards.append((negated, pred, gargs[0]))
-        source = " ".join(text.splitlines()[item["line"] - 1].split())
+        source = " ".join(lines[item["line"] - 1].split())
         rule = Rule(name, lhs, rhs, tuple(guards), display, item["line"], ruleset, source)
         self.rule_names[(ruleset, name)] = rule
         return rule
