@@ -655,9 +655,85 @@ def test_printable_escapes_what_drives_a_terminal():
     assert str(e) == "f\\x1b.fd:1:4: bad \\x1b[2J\n    ab\\x1bc\n          ^"  # the caret under c
 
 
-def test_a_second_program_cannot_redefine_an_operator_of_the_first(tmp_path):
-    """Operators are one table per process: a second program loaded in the same process whose rule
-    file gives an operator another value is refused, and the first program's terms keep theirs."""
+def _python(code: str, folder: Path) -> subprocess.CompletedProcess:
+    """Python ``code`` run in a fresh process in ``folder``, under the corpus's caps (the API's cases:
+    each starts from a process as a user's script would)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONIOENCODING="utf-8", XDG_CACHE_HOME=str(folder / "cache"))
+    return subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True,
+                          preexec_fn=_limits, timeout=4 * CPU_SECONDS)
+
+
+# act is a softplus in one rule file and a tanh in the other, each with its own derivative rules
+_ACT_RULES = """operator act(A) numpy {fn}
+operator actd(A, B) linear B = {slope} * B
+ruleset differentiate
+rule d-act: d(act(?A)) => actd(?A, d(?A))
+ruleset linear
+rule actd-sum: actd(?X, ?A + ?B...) => actd(?X, ?A) + actd(?X, ?B...)
+rule actd-scalar: actd(?X, ?c ?B...) => ?c actd(?X, ?B...) when scalar(?c)
+ruleset transpose
+rule t-actd: actd(?X, ?B)^t => actd(?X^t, ?B^t) when has_d(?B)
+ruleset shiftmm
+rule flip-actd: trace(?P... actd(?X, ?B) ?S...) => trace(actd(?X^t, ?S... ?P...) ?B) when has_d(?B)
+"""
+_ACT_PROGRAM = ('rules "{rules}"\ndim n = 3, d = 2\nconst X : n x d, Y : n x d\nweight U : d x d\n'
+                'F = act(X U)\nE := Y - F\nw = normal(form(E))\nshow w\n')
+_TWO_PROGRAMS = """
+import io, sys
+import numpy as np
+import fdsl
+from fdsl.backends.codegen import compile_namespace, gradients_source
+from fdsl.backends.numpy_eval import evaluate
+from fdsl.core.printers import latex
+rng = np.random.default_rng(0)
+values = {"X": rng.normal(size=(3, 2)), "Y": rng.normal(size=(3, 2)), "U": rng.normal(size=(2, 2))}
+first = fdsl.load("soft.fd")
+second = fdsl.load("tanh.fd")
+again = fdsl.load("soft.fd")  # the first meaning again: the same operator, after the second
+for name, p, f, slope in (("soft", first, lambda z: np.logaddexp(0, z), lambda z: 0.5 + 0.5 * np.tanh(z / 2)),
+                          ("tanh", second, np.tanh, lambda z: 1 - np.tanh(z) ** 2),
+                          ("soft", again, lambda z: np.logaddexp(0, z), lambda z: 0.5 + 0.5 * np.tanh(z / 2))):
+    out = io.StringIO()
+    p.run(out)
+    assert "act" in out.getvalue() and "#" not in out.getvalue(), out.getvalue()
+    assert "#" not in latex(p["w"]) and "#" not in repr(p["F"])
+    z = values["X"] @ values["U"]
+    assert np.allclose(evaluate(p["F"], values), f(z)), name
+    E = values["Y"] - f(z)
+    expected = values["X"].T @ (slope(z) * E)  # -dL/dU for L = 1/2 ||E||^2
+    for target in ("numpy", "torch"):
+        try:
+            grads = compile_namespace(gradients_source(p["w"], {"n": 3, "d": 2}, target=target))["grads"]
+        except Exception as e:
+            if target == "torch" and "torch" in str(e):
+                continue
+            raise
+        got = np.asarray(grads(values)["U"])
+        assert np.allclose(got, expected), (name, target, got, expected)
+    text = str(p["w"])
+    assert text.startswith("dU: actd("), text
+print("ok")
+"""
+
+
+def test_two_programs_each_with_its_own_operator(tmp_path):
+    """Operators are per rule book: two programs in one process each declare act (a softplus, a
+    tanh); each program's terms evaluate, differentiate, print and lower to numpy and torch with its
+    own meaning, the first one's again after the second. (Before, the second was refused: the
+    operator table was one per process.)"""
+    (tmp_path / "soft.rules").write_text(_ACT_RULES.format(fn="softplus", slope="sigmoid(A)"))
+    (tmp_path / "tanh.rules").write_text(_ACT_RULES.format(fn="tanh", slope="(1 - tanh(A) * tanh(A))"))
+    (tmp_path / "soft.fd").write_text(_ACT_PROGRAM.format(rules="soft.rules"))
+    (tmp_path / "tanh.fd").write_text(_ACT_PROGRAM.format(rules="tanh.rules"))
+    proc = _python(_TWO_PROGRAMS, tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_one_program_still_cannot_redefine_its_operator(tmp_path):
+    """Within one program (the repl's session, a program loading a second rule file) a name keeps
+    its first meaning: a later declaration with another is refused, located, and the terms built
+    keep their values; another program in the process is free to declare it."""
     import io
 
     import fdsl
@@ -667,11 +743,53 @@ def test_a_second_program_cannot_redefine_an_operator_of_the_first(tmp_path):
     (tmp_path / "b.rules").write_text("operator hostile23f(A) = A + A + A\n")
     body = HEAD + "random 0\nx = hostile23f(X)\nshow eval(x - 2 X)\n"
     (tmp_path / "p1.fd").write_text('rules "a.rules"\n' + body)
-    (tmp_path / "p2.fd").write_text('rules "b.rules"\n' + body)
+    (tmp_path / "p2.fd").write_text('rules "b.rules"\n' + body.replace("2 X", "3 X"))
     first = fdsl.load(tmp_path / "p1.fd")
     with pytest.raises(FdslError, match=r"operator hostile23f is already defined, differently, at .*a\.rules:1") as e:
-        fdsl.load(tmp_path / "p2.fd")
+        first.load_rules(tmp_path / "b.rules")
     assert e.value.line == 1 and e.value.file.endswith("b.rules")
-    out = io.StringIO()
-    first.run(out)
-    assert out.getvalue() == "[[0. 0.]\n [0. 0.]]\n"
+    second = fdsl.load(tmp_path / "p2.fd")
+    for p in (first, second):
+        out = io.StringIO()
+        p.run(out)
+        assert out.getvalue() == "[[0. 0.]\n [0. 0.]]\n"
+
+
+def test_names_one_program_gives_do_not_change_another_programs_printing(tmp_path):
+    """A program's hints (P = ...) and declared names (weight S) are its own: another program that
+    shares the same term prints it with its own fresh name S_1, as it does alone. (Before, it printed
+    the first program's P: the printers' names were one table per process.)"""
+    (tmp_path / "a.fd").write_text("dim n = 2\nconst X : n x n\nweight W, S : n x n\nP = m(m(m(m(X W))))\nshow P\n")
+    (tmp_path / "b.fd").write_text("dim n = 2\nconst X : n x n\nweight W : n x n\nshow m(m(m(m(X W)))) m(m(m(m(X W))))^t\n")
+    code = ("import io, fdsl\nouts = []\nfor f in %r:\n    out = io.StringIO()\n    fdsl.load(f).run(out)\n"
+            "    outs.append(out.getvalue())\nprint(repr(outs[-1]))\n")
+    alone = _python(code % (["b.fd"],), tmp_path)
+    after = _python(code % (["a.fd", "b.fd"],), tmp_path)
+    assert alone.returncode == after.returncode == 0, alone.stderr + after.stderr
+    assert "S_1 S_1^t" in alone.stdout and after.stdout == alone.stdout, (alone.stdout, after.stdout)
+
+
+def test_the_width_limit_is_the_programs(tmp_path):
+    """The widest flat term follows the program's size limit (--size-limit, or the API's
+    size_limit=), not a process-wide setting: one program with a small limit refuses a sum that
+    another, with the default, builds in the same process; the repl follows its own flag."""
+    text = "dim n = 2\nweight X : n x n\nf(0) = X\nf(k) = f(k-1) + f(k-1)\nshow nodes(f(11))\n"  # 2048
+    (tmp_path / "p.fd").write_text(text)
+    code = ("import io, fdsl\nfrom fdsl.base.errors import FdslError\n"
+            "try:\n    fdsl.load('p.fd', size_limit=50_000)\n    print('built')\n"
+            "except FdslError as e:\n    print('refused', e.message.split(',')[0])\n"
+            "out = io.StringIO()\nfdsl.load('p.fd').run(out)\nprint(out.getvalue().strip())\n"
+            "try:\n    fdsl.parse(open('p.fd').read(), size_limit=50_000)\n    print('built')\n"
+            "except FdslError as e:\n    print('refused')\n")
+    proc = _python(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "refused this would build a sum of 1024 summands" and lines[2] == "refused", lines
+    assert lines[1].isdigit(), lines  # the default limit (a million operands) builds it
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONIOENCODING="utf-8")
+    for flag, code_ in ((["--size-limit", "50000"], 2), ([], 0)):
+        repl = subprocess.run([sys.executable, "-m", "fdsl.cli", "repl", *flag], cwd=tmp_path, env=env,
+                              input=text, capture_output=True, text=True, preexec_fn=_limits, timeout=4 * CPU_SECONDS)
+        assert "Traceback" not in repl.stderr
+        assert repl.returncode == code_, (flag, repl.returncode, repl.stderr[-1000:])
+        assert ("1024 summands" in repl.stderr) == (code_ == 2), repl.stderr[-1000:]

@@ -14,7 +14,6 @@ import sys
 
 from ..base.errors import FdslError
 from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
-from ..core import terms as T
 
 FILE_HELP = "the .fd program to read ('-' reads it from standard input)"
 RULES_HELP = "load a rule file before the program (repeatable)"
@@ -74,8 +73,7 @@ def add_limit_options(p) -> None:
 
 def set_limits(program, args) -> None:
     program.options["step_limit"] = getattr(args, "step_limit", None)
-    program.options["size_limit"] = getattr(args, "size_limit", None)
-    T.set_size_limit(program.options["size_limit"])  # the widest flat term follows it
+    program.options["size_limit"] = getattr(args, "size_limit", None)  # the widest flat term follows it
 
 
 def _progress_wanted(args) -> bool:

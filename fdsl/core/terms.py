@@ -22,6 +22,8 @@ about the operators is in rules.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator, Optional
@@ -184,13 +186,30 @@ def _look_at_memory() -> None:
                         % (size_text(left), _BUILT[0]))
 
 
-# the most operands one flat sum, product or Hadamard product may have (set_size_limit changes it)
-_MAX_WIDTH = [DEFAULT_SIZE_LIMIT // WIDTH_SHARE]
+# The most operands one flat sum, product or Hadamard product may have: a fiftieth of the size limit
+# of the program (or API call) building it, which ``widest`` makes current, so that two programs of
+# one process, or the repl and the API, each have their own --size-limit.
+_MAX_WIDTH: ContextVar = ContextVar("fdsl_max_width", default=DEFAULT_SIZE_LIMIT // WIDTH_SHARE)
 
 
-def set_size_limit(size_limit) -> None:
-    """Follow ``--size-limit N``: one flat term may have N / WIDTH_SHARE operands."""
-    _MAX_WIDTH[0] = max(1000, (size_limit or DEFAULT_SIZE_LIMIT) // WIDTH_SHARE)
+def _width(size_limit) -> int:
+    return max(1000, (size_limit or DEFAULT_SIZE_LIMIT) // WIDTH_SHARE)
+
+
+@contextmanager
+def widest(size_limit):
+    """For the block, one flat term may have ``size_limit / WIDTH_SHARE`` operands (at least 1,000;
+    None: the default size limit's)."""
+    token = _MAX_WIDTH.set(_width(size_limit))
+    try:
+        yield
+    finally:
+        _MAX_WIDTH.reset(token)
+
+
+def max_width() -> int:
+    """The most operands one flat term may have here and now."""
+    return _MAX_WIDTH.get()
 
 
 def _check_width(op: str, parts) -> None:
@@ -200,13 +219,14 @@ def _check_width(op: str, parts) -> None:
     width = 0
     for p in parts:
         width += len(p.args) if p.op == op else 1
-    if width > _MAX_WIDTH[0]:
+    limit = _MAX_WIDTH.get()
+    if width > limit:
         from ..base.errors import TooWide
 
         what = {"add": "sum of %d summands", "mul": "product of %d factors", "had": "Hadamard product of %d factors"}
         e = TooWide("this would build a %s, more than one term may hold (%d, a fiftieth of the size limit, "
                         "--size-limit N): a definition that doubles its term at every step?"
-                        % (what[op] % width, _MAX_WIDTH[0]))
+                        % (what[op] % width, limit))
         e.width = width
         raise e
 
