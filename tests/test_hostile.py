@@ -760,7 +760,8 @@ def test_names_one_program_gives_do_not_change_another_programs_printing(tmp_pat
     shares the same term prints it with its own fresh name S_1, as it does alone. (Before, it printed
     the first program's P: the printers' names were one table per process.)"""
     (tmp_path / "a.fd").write_text("dim n = 2\nconst X : n x n\nweight W, S : n x n\nP = m(m(m(m(X W))))\nshow P\n")
-    (tmp_path / "b.fd").write_text("dim n = 2\nconst X : n x n\nweight W : n x n\nshow m(m(m(m(X W)))) m(m(m(m(X W))))^t\n")
+    (tmp_path / "b.fd").write_text("dim n = 2\nconst X : n x n\nweight W : n x n\n"
+                                   "show m(m(m(m(X W)))) m(m(m(m(X W))))^t\n")
     code = ("import io, fdsl\nouts = []\nfor f in %r:\n    out = io.StringIO()\n    fdsl.load(f).run(out)\n"
             "    outs.append(out.getvalue())\nprint(repr(outs[-1]))\n")
     alone = _python(code % (["b.fd"],), tmp_path)
