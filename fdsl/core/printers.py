@@ -356,7 +356,7 @@ def short(t: Term, width: int = 100) -> str:
     """``t`` for a message: printed, cut to ``width`` characters; a term of more than 200 distinct
     nodes by its head only (its text could be long to make, and is unreadable anyway)."""
     if _bigger_than(t, 200):
-        return "%s(...)" % t.op
+        return "%s(...)" % op_name(t.op)
     s = text(t)
     return s if len(s) <= width else s[: width - 3] + "..."
 

@@ -79,7 +79,7 @@ class Program:
         self.notes: list[str] = []  # what the repl says after an input: "E redefined (...)"
         self.sources: dict[str, list[str]] = {}  # definition name -> its clauses as written
         self.effects: list = []
-        self.options = {"trace": False, "step_limit": None, "size_limit": None}
+        self.options = {"trace": False, "step_limit": None, "size_limit": None, "time_limit": None}
         self.trace_out = sys.stderr
         self._memo: dict = {}
         self._depth = 0
@@ -873,16 +873,18 @@ def _short(v):
     return s if len(s) < 30 else s[:27] + "..."
 
 
-def parse(text: str, filename: str = "<string>", base_dir=None, step_limit=None, size_limit=None) -> Program:
+def parse(text: str, filename: str = "<string>", base_dir=None, step_limit=None, size_limit=None,
+          time_limit=None) -> Program:
     """Elaborate program text; its statements' effects wait for ``Program.run``. ``step_limit``,
-    ``size_limit``: the program's, as ``--step-limit``/``--size-limit`` give them (None: the defaults)."""
+    ``size_limit``, ``time_limit``: the program's, as ``--step-limit``, ``--size-limit`` and
+    ``--time-limit`` give them (None: the defaults of ``fdsl.base.limits``)."""
     program = Program(filename, base_dir)
-    program.options.update(step_limit=step_limit, size_limit=size_limit)
+    program.options.update(step_limit=step_limit, size_limit=size_limit, time_limit=time_limit)
     program.feed(text, filename)
     return program
 
 
-def load(path, rules=(), setup=None, step_limit=None, size_limit=None) -> Program:
+def load(path, rules=(), setup=None, step_limit=None, size_limit=None, time_limit=None) -> Program:
     """Read and elaborate a ``.fd`` file, or standard input for ``"-"`` (``rules``: extra rule
     files to load first; ``setup``: called with the program before it runs, e.g. to give it
     values for its ``eval`` statements; ``step_limit``, ``size_limit``: as ``parse``'s)."""
@@ -903,7 +905,7 @@ def load(path, rules=(), setup=None, step_limit=None, size_limit=None) -> Progra
         text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
         filename, base_dir = str(path), path.parent
     program = Program(filename, base_dir)
-    program.options.update(step_limit=step_limit, size_limit=size_limit)
+    program.options.update(step_limit=step_limit, size_limit=size_limit, time_limit=time_limit)
     for r in rules:
         program.load_rules(r)
     if setup is not None:
