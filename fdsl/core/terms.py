@@ -612,14 +612,19 @@ def _number(x) -> Optional[Term]:
     """A Python number as an exact scalar term (a float by its shortest decimal), else None."""
     if isinstance(x, bool):
         return None
-    if isinstance(x, (int, Fraction)):
-        return num(x)
     if isinstance(x, float):
         if x != x or x in (float("inf"), float("-inf")):
             from ..base.errors import FdslError
 
             raise FdslError("%r is not a number fdsl can use: scalars are exact rationals" % x)
-        return num(Fraction(repr(x)))
+        x = Fraction(repr(x))
+    if isinstance(x, (int, Fraction)):
+        problem = number_problem(Fraction(x)) if x else None  # 10**400 from Python, as a literal would be
+        if problem:
+            from ..base.errors import FdslError
+
+            raise FdslError(problem)
+        return num(x)
     return None
 
 
@@ -641,10 +646,16 @@ def _divide(a: Term, b: Term) -> Term:
 
 
 def _checked(build, *args) -> Term:
-    """Build a term; a shape mismatch is an FdslError with the language's message."""
-    try:
-        return build(*args)
-    except ShapeError as e:
-        from ..base.errors import FdslError
+    """Build a term; a shape mismatch, or a number folded beyond float64's range (1e200 X * 1e200),
+    is an FdslError with the language's message."""
+    from ..base.errors import FdslError
 
+    take_out_of_range()  # (one left by earlier work is not this build's)
+    try:
+        t = build(*args)
+    except ShapeError as e:
         raise FdslError(str(e)) from None
+    bad = take_out_of_range()
+    if bad is not None:
+        raise FdslError(number_problem(bad) or "out of range")
+    return t

@@ -873,13 +873,28 @@ def _short(v):
     return s if len(s) < 30 else s[:27] + "..."
 
 
+def _limits(step_limit, size_limit, time_limit) -> dict:
+    """The API's limits, checked as the command line checks its flags (None: the default)."""
+    import math
+
+    for name, value in (("step_limit", step_limit), ("size_limit", size_limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise FdslError("%s must be a whole number of at least 1 (as --%s N), not %r"
+                            % (name, name.replace("_", "-"), value))
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not (time_limit > 0 and math.isfinite(time_limit))):
+        raise FdslError("time_limit must be a positive number of seconds (as --time-limit SECONDS), not %r"
+                        % (time_limit,))
+    return {"step_limit": step_limit, "size_limit": size_limit, "time_limit": time_limit}
+
+
 def parse(text: str, filename: str = "<string>", base_dir=None, step_limit=None, size_limit=None,
           time_limit=None) -> Program:
     """Elaborate program text; its statements' effects wait for ``Program.run``. ``step_limit``,
     ``size_limit``, ``time_limit``: the program's, as ``--step-limit``, ``--size-limit`` and
     ``--time-limit`` give them (None: the defaults of ``fdsl.base.limits``)."""
     program = Program(filename, base_dir)
-    program.options.update(step_limit=step_limit, size_limit=size_limit, time_limit=time_limit)
+    program.options.update(_limits(step_limit, size_limit, time_limit))
     program.feed(text, filename)
     return program
 
@@ -905,7 +920,7 @@ def load(path, rules=(), setup=None, step_limit=None, size_limit=None, time_limi
         text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
         filename, base_dir = str(path), path.parent
     program = Program(filename, base_dir)
-    program.options.update(step_limit=step_limit, size_limit=size_limit, time_limit=time_limit)
+    program.options.update(_limits(step_limit, size_limit, time_limit))
     for r in rules:
         program.load_rules(r)
     if setup is not None:

@@ -802,10 +802,20 @@ _LATEX_SPECIAL = {c: "\\" + c for c in "#$%&_{}"}
 _LATEX_SPECIAL.update({"\\": r"\textbackslash{}", "^": r"\textasciicircum{}", "~": r"\textasciitilde{}"})
 
 
+# The control words an operator's LaTeX name may be: math operators and letters. Any other (\input,
+# \def, \catcode, \immediate, ...) would act when the paper is typeset, so it is written out as text.
+_LATEX_WORDS = frozenset(
+    "arccos arcsin arctan arg cos cosh cot coth csc deg det dim exp gcd hom inf ker lg lim liminf limsup ln log "
+    "max min Pr sec sin sinh sup tan tanh nabla partial ell mathrm operatorname "
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi pi varpi rho "
+    "varrho sigma varsigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi "
+    "Psi Omega".split())
+
+
 def _latex_head(text):
-    """An operator's LaTeX name: a control word (``\\tanh``) as given; any other text escaped, as
-    an operator name, so a rule file cannot inject LaTeX into a paper."""
-    if text is None or _LATEX_COMMAND.fullmatch(text):
+    """An operator's LaTeX name: a math control word (``\\tanh``, ``\\sigma``) as given; any other
+    text escaped, as an operator name, so a rule file cannot inject LaTeX into a paper."""
+    if text is None or (_LATEX_COMMAND.fullmatch(text) and text[1:] in _LATEX_WORDS):
         return text
     return r"\operatorname{%s}" % "".join(_LATEX_SPECIAL.get(c, c) for c in text)
 

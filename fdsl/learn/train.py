@@ -228,8 +228,9 @@ class Trainer:
                     report(step, loss)
             if step == steps:
                 break
-            for name, v in flows.items():
-                self.values[name] = self.values[name] + lr * v
+            with np.errstate(over="ignore", invalid="ignore"):  # a step to inf is caught at the next measure
+                for name, v in flows.items():
+                    self.values[name] = self.values[name] + lr * v
             if step == 1:  # the second step's cost (the first compiles the code) times the steps
                 check_estimate("training %d steps" % steps, steps, "steps", time.perf_counter() - started,
                                self.program.options.get("time_limit"),
