@@ -433,6 +433,89 @@ CASES = [
          ["run", "p.fd"], message=r"^p\.fd:5:33: the iteration limit must be between 1 and 1000000"),
     Case("nul-in-a-save-path-on-the-repl", {}, ["repl"], stdin=HEAD.encode() + b'random 0\nsave "a\x00b.npz" X\n',
          progress=True, message=r"(binary|NUL)"),
+] + [
+    # ---- issue 23, round 3c: inputs of our own, classes 1-8 -------------------------------------------
+    # 8. limits that fire on a time estimate: the count times the measured cost of one step
+    Case("train-estimate-in-a-program", {"p.fd": "dim n = 300\nconst X : n x n\nweight W : n x n\nw = form(X - W W W)\n"
+                                         "random 0\nr = train(w, 10000000, 0.000001)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:6:5: training 10000000 steps would take about .*more than the time limit of 60 minutes "
+                 r"\(--time-limit SECONDS raises it"),
+    Case("train-estimate-from-the-flags", {"p.fd": "dim n = 100\nconst X : n x n\nweight W : n x n\n"
+                                           "w = form(X - W W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "1000000", "--lr", "0.0001",
+          "--time-limit", "0.001"], progress=True,
+         message=r"^--steps: training 1000000 steps would take about .*\(--time-limit SECONDS raises it"),
+    Case("flow-gaussnewton-estimate", {"p.fd": "dim n = 30\nconst X : n x n\nweight W : n x n\nE := X - W W\n"
+                                       "metric gaussnewton(E, 0, 1e-15, 1000000)\nw = form(E)\n"},
+         ["flow", "p.fd", "--form", "w", "--random", "0", "--out", "f.npz", "--time-limit", "0.001"],
+         message=r"gaussnewton\(E, 0\) would take about .*1000000 iterations .*--time-limit SECONDS",
+         absent=("f.npz",)),
+    Case("gaussnewton-tolerance-1e-15-is-allowed", {"p.fd": HEAD + "E := X - W\nmetric gaussnewton(E, 1, 1e-15, 50)\n"
+                                                    "w = form(E)\n"},
+         ["flow", "p.fd", "--form", "w", "--random", "0", "--out", "f.npz"], code=0, stdout=r"^wrote f\.npz"),
+    Case("time-limit-not-a-number", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "2", "--lr", "0.1", "--time-limit", "nan"],
+         usage=True, message=r"--time-limit: must be a positive number of seconds, not nan"),
+    Case("train-lr-1e308", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "3", "--lr", "1e308"], progress=True,
+         message=r"^p\.fd: the value of W is not finite"),
+    Case("train-every-10e20", {"p.fd": HEAD + "random 0\nw = form(X - W)\nshow train(w, 3, 0.1, 10^21)\n"},
+         ["run", "p.fd"], code=0, stdout=r"^loss .* in 3 steps"),
+    Case("gaussnewton-damping-1e400", {"p.fd": HEAD + "E := X - W\nmetric gaussnewton(E, 10^400)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:5:23: out of range: 10 to the power 400"),
+    Case("power-underflow-said-briefly", {"p.fd": HEAD + "random 0\nshow eval((1e-200)^2 X)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:5:11: out of range: 1e-200 to the power 2 is beyond float64"),
+    Case("a-400-kb-line-echoed-in-a-window", {"p.fd": "show " + "X + " * 100_000 + ")\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:1:400006: unexpected '\)'"),
+    # 6. a rule file's LaTeX name cannot be a TeX primitive that acts when the paper is typeset
+    Case("latex-name-input", {"r.rules": 'operator f(A) latex "\\input" = A + A\n',
+                              "p.fd": 'rules "r.rules"\n' + HEAD + "show latex(f(X))\n"}, ["run", "p.fd"],
+         code=0, stdout=r"^\\operatorname\{\\textbackslash\{\}input\}\\left\(X\\right\)$"),
+    Case("latex-name-immediate", {"r.rules": 'operator g(A) latex "\\immediate" = A\n',
+                                  "p.fd": 'rules "r.rules"\n' + HEAD + "show latex(g(X))\n"}, ["run", "p.fd"],
+         code=0, stdout=r"^\\operatorname\{\\textbackslash\{\}immediate\}"),
+    Case("latex-name-sigma-kept", {"r.rules": 'operator g(A) latex "\\sigma" = A\n',
+                                   "p.fd": 'rules "r.rules"\n' + HEAD + "show latex(g(X))\n"}, ["run", "p.fd"],
+         code=0, stdout=r"^\\sigma\\left\(X\\right\)$"),
+    # 2. what is read is a file of the kind it claims
+    Case("rules-flag-proc-environ", {"p.fd": HEAD}, ["run", "--rules", "/proc/self/environ", "p.fd"],
+         message=r"^/proc/self/environ: cannot read this rule file: it is a file of the system"),
+    Case("values-statement-proc-environ", {"p.fd": HEAD + 'values "/proc/self/environ"\n'}, ["run", "p.fd"],
+         message=r"^p\.fd:4:1: "),
+    Case("import-dev-stdin", {"r.rules": 'import "/dev/stdin"\n', "p.fd": 'rules "r.rules"\n'}, ["run", "p.fd"],
+         stdin=b"ruleset x\n", message=r"^r\.rules:1:1: cannot import '/dev/stdin'"),
+    Case("program-is-a-fifo", {"p.fd": lambda path: os.mkfifo(path)}, ["run", "p.fd"],
+         message=r"^p\.fd: cannot read this file: it is a pipe"),
+    Case("repl-load-a-fifo", {"f.fd": lambda path: os.mkfifo(path)}, ["repl"], stdin=b":load f.fd\nshow 7\n",
+         progress=True, message=r"^f\.fd: cannot read this file: it is a pipe", stdout=r"^7$"),
+    Case("repl-rule-file-imports-dev-stdin", {"r.rules": 'import "/dev/stdin"\n'}, ["repl"],
+         stdin=b'rules "r.rules"\nshow 3\n', progress=True, message=r"cannot import '/dev/stdin'", stdout=r"^3$"),
+    # 3. outputs never overwrite inputs; 4. nor leave the folder
+    Case("grad-out-over-its-values", {"p.fd": HEAD + "w = form(X - W)\n", "v.npz": _npz(X=np.ones((2, 2)),
+                                                                                        W=np.ones((2, 2)))},
+         ["grad", "p.fd", "--form", "w", "--values", "v.npz", "--out", "v.npz"],
+         message=r"^v\.npz: cannot write this file: it is one of this command's inputs"),
+    Case("train-plot-over-its-rule-file", {"p.fd": HEAD + "w = form(X - W)\n", "r.png": "ruleset mine\n"},
+         ["train", "p.fd", "--rules", "r.png", "--form", "w", "--random", "0", "--steps", "2", "--lr", "0.1",
+          "--plot", "r.png"], message=r"^r\.png: cannot write this file: it is one of this command's inputs",
+         check=lambda d: _unchanged(d / "r.png", "ruleset mine\n")),
+    Case("save-over-a-hard-link-of-the-program", {"p.fd": HEAD + 'random 0\nsave "h.npz" X\n',
+                                                  "h.npz": lambda path: os.link(path.parent / "p.fd", path)},
+         ["run", "p.fd"], message=r"^p\.fd:5:1: cannot write this file: it is one of this command's inputs",
+         check=lambda d: _unchanged(d / "p.fd", HEAD + 'random 0\nsave "h.npz" X\n')),
+    Case("flow-out-dev-stdout", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["flow", "p.fd", "--form", "w", "--random", "0", "--out", "/dev/stdout"],
+         message=r"^/dev/stdout: cannot write this file: it leads into /dev"),
+    Case("repl-diagram-absolute-path", {}, ["repl"], stdin=(HEAD + ":diagram X -o /tmp/fdsl-hostile-23c.svg\n"
+                                                               "show 2\n").encode(), progress=True,
+         message=r"^cannot write '/tmp/fdsl-hostile-23c\.svg': it is outside the folder", stdout=r"^2$"),
+    Case("save-through-a-folder-link-outside", {"p.fd": HEAD + 'random 0\nsave "sub/x.npz" X\n'}, ["run", "p.fd"],
+         links={"sub": "../../outside"}, message=r"^p\.fd:5:1: cannot write 'sub/x\.npz': it leads out of the folder"),
+    # 3, 7. a second rule file of one program cannot change an operator's meaning, even in the repl
+    Case("repl-operator-redefined", {"a.rules": "operator f(A) = A + A\n", "b.rules": "operator f(A) = A * A\n"},
+         ["repl"], stdin=(HEAD + 'rules "a.rules"\nrandom 0\nx = f(X)\nrules "b.rules"\nshow eval(x - 2 X)\n').encode(),
+         progress=True, message=r"b\.rules:1:1: operator f is already defined, differently",
+         stdout=r"^\[\[0\. 0\.\]$"),
 ]
 
 
@@ -794,3 +877,91 @@ def test_the_width_limit_is_the_programs(tmp_path):
         assert "Traceback" not in repl.stderr
         assert repl.returncode == code_, (flag, repl.returncode, repl.stderr[-1000:])
         assert ("1024 summands" in repl.stderr) == (code_ == 2), repl.stderr[-1000:]
+
+
+def _spaced(i: int) -> str:
+    """A name of letters for i, written twice: two of them differ in at least two letters, so none is
+    one edit away from another (the misspelling check would refuse it)."""
+    word = "".join(chr(97 + (i // 26 ** k) % 26) for k in range(4))
+    return word + word
+
+
+def _run_capped(argv, folder: Path) -> tuple:
+    """``fdsl ARGV`` under the corpus's caps: (the process, the CPU seconds it used)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONIOENCODING="utf-8", XDG_CACHE_HOME=str(folder / "cache"))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-m", "fdsl.cli", *argv], cwd=folder, env=env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, preexec_fn=_limits, timeout=4 * CPU_SECONDS)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return proc, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def test_a_rule_file_of_20000_rulesets_and_20000_rules_loads_in_seconds(tmp_path):
+    """Every check over a rule file is linear: 20,000 rulesets (each with a rule), a ruleset of 20,000
+    rules, a header including all 20,000 and a misspelt name after them load within the CPU cap, and
+    the misspelling is still found with its message. (A file of 20,000 rulesets took 89 s when the
+    misspelling check compared every pair, and 54 s while each rule split the whole file into lines.)"""
+    names = ["rs" + _spaced(i) for i in range(20_000)]
+    lines = []
+    for n in names:
+        lines += ["ruleset " + n, "rule r%s: m(m(?A)) => m(?A)" % n]
+    lines.append("ruleset onebig")
+    lines += ["rule q%05d: m(m(m(?A)) + ?B) => m(?A)" % i for i in range(20_000)]
+    lines.append("ruleset everything includes " + ", ".join(names))
+    (tmp_path / "big.rules").write_text("\n".join(lines) + "\n")
+    (tmp_path / "p.fd").write_text('rules "big.rules"\n' + HEAD + "show %s(m(m(X)))\nshow onebig(m(X))\n" % names[-1])
+    proc, cpu = _run_capped(["run", "p.fd"], tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "m(X)\nm(X)\n", proc.stderr[-2000:]
+    assert cpu < 45, "loading took %.1f s of CPU" % cpu
+    # the same file with, at its end, a ruleset one letter from the first: refused as before
+    misspelt = names[0][:-1] + "q"
+    (tmp_path / "big.rules").write_text("\n".join(lines) + "\nruleset %s\n" % misspelt)
+    proc, cpu = _run_capped(["run", "p.fd"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("big.rules:%d:1: ruleset %s would be a new, empty ruleset, but there is a "
+                                  "ruleset %s" % (len(lines) + 1, misspelt, names[0])), proc.stderr[:500]
+    assert cpu < 45, "loading took %.1f s of CPU" % cpu
+
+
+def test_a_long_line_is_echoed_in_a_window(tmp_path):
+    """A syntax error on a 400 KB line echoes 160 characters around the column, with the caret under
+    it, not the whole line (which floods the terminal and the logs)."""
+    (tmp_path / "p.fd").write_text("show " + "X + " * 100_000 + ")\n")
+    proc, _ = _run_capped(["run", "p.fd"], tmp_path)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 3 and len(proc.stderr) < 600, proc.stderr[:800]
+    assert lines[1].startswith("    ...") and lines[1].endswith("X + )")
+    assert lines[2].index("^") == len(lines[1]) - 1
+
+
+_API_PROBES = """
+import fdsl
+p = fdsl.parse("dim n = 2\\nconst X : n x n\\n")
+X = p["X"]
+probes = [lambda: X * 10**400, lambda: (X * 1e200) * 1e200, lambda: X * 1e-320, lambda: 3 * X + X * 10**300,
+          lambda: fdsl.parse("dim n = 2\\n", step_limit=-1), lambda: fdsl.parse("dim n = 2\\n", size_limit=0),
+          lambda: fdsl.parse("dim n = 2\\n", size_limit="big"),
+          lambda: fdsl.parse("dim n = 2\\n", time_limit=float("nan")),
+          lambda: fdsl.load("p.fd", time_limit=-3), lambda: fdsl.load("p.fd", step_limit=True)]
+for probe in probes:
+    try:
+        print("built", probe())
+    except fdsl.FdslError as e:
+        print("refused:", e.message)
+"""
+
+
+def test_the_api_checks_its_numbers_and_limits(tmp_path):
+    """Python numbers beyond float64's range, given or folded (X * 10**400, 1e200 X * 1e200,
+    1e-320), are refused as literals are; limits given to fdsl.parse/load are checked as the flags
+    are (before, each was accepted: a 400-digit coefficient, a step limit of -1)."""
+    (tmp_path / "p.fd").write_text(HEAD)
+    proc = _python(_API_PROBES, tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    out = proc.stdout.splitlines()
+    assert len(out) == 10 and all(line.startswith("refused: out of range") for line in out[:3]), out
+    assert out[3].startswith("built "), out[3]  # 10**300: in range
+    assert out[4] == "refused: step_limit must be a whole number of at least 1 (as --step-limit N), not -1"
+    assert out[5].startswith("refused: size_limit must be") and out[6].startswith("refused: size_limit must be")
+    assert out[7] == "refused: time_limit must be a positive number of seconds (as --time-limit SECONDS), not nan"
+    assert out[8].startswith("refused: time_limit") and out[9].startswith("refused: step_limit"), out
