@@ -46,24 +46,3 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def examples() -> Path:
     return EXAMPLES
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _programs_of_one_module_apart():
-    """Each test module starts from the process as a fresh one would be. Two of fdsl's tables are
-    process-wide (issue 23 and 22's notes): the user operators that rule files declare (a second
-    declaration with another meaning is refused) and the names programs gave (printers' fresh names
-    avoid them). Modules that load programs of their own must not see another module's."""
-    from fdsl.core import ops, share
-
-    operators = dict(ops.OPS)
-    reserved, hints = set(share._RESERVED), dict(share._HINTS)
-    yield
-    for name in [n for n in ops.OPS if n not in operators]:
-        del ops.OPS[name]
-    ops.OPS.update(operators)
-    share._RESERVED.clear()
-    share._RESERVED.update(reserved)
-    share._HINTS.clear()
-    share._HINTS.update(hints)
-    share._CACHE.clear()

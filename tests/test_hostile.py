@@ -433,6 +433,89 @@ CASES = [
          ["run", "p.fd"], message=r"^p\.fd:5:33: the iteration limit must be between 1 and 1000000"),
     Case("nul-in-a-save-path-on-the-repl", {}, ["repl"], stdin=HEAD.encode() + b'random 0\nsave "a\x00b.npz" X\n',
          progress=True, message=r"(binary|NUL)"),
+] + [
+    # ---- issue 23, round 3c: inputs of our own, classes 1-8 -------------------------------------------
+    # 8. limits that fire on a time estimate: the count times the measured cost of one step
+    Case("train-estimate-in-a-program", {"p.fd": "dim n = 300\nconst X : n x n\nweight W : n x n\nw = form(X - W W W)\n"
+                                         "random 0\nr = train(w, 10000000, 0.000001)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:6:5: training 10000000 steps would take about .*more than the time limit of 60 minutes "
+                 r"\(--time-limit SECONDS raises it"),
+    Case("train-estimate-from-the-flags", {"p.fd": "dim n = 100\nconst X : n x n\nweight W : n x n\n"
+                                           "w = form(X - W W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "1000000", "--lr", "0.0001",
+          "--time-limit", "0.001"], progress=True,
+         message=r"^--steps: training 1000000 steps would take about .*\(--time-limit SECONDS raises it"),
+    Case("flow-gaussnewton-estimate", {"p.fd": "dim n = 30\nconst X : n x n\nweight W : n x n\nE := X - W W\n"
+                                       "metric gaussnewton(E, 0, 1e-15, 1000000)\nw = form(E)\n"},
+         ["flow", "p.fd", "--form", "w", "--random", "0", "--out", "f.npz", "--time-limit", "0.001"],
+         message=r"gaussnewton\(E, 0\) would take about .*1000000 iterations .*--time-limit SECONDS",
+         absent=("f.npz",)),
+    Case("gaussnewton-tolerance-1e-15-is-allowed", {"p.fd": HEAD + "E := X - W\nmetric gaussnewton(E, 1, 1e-15, 50)\n"
+                                                    "w = form(E)\n"},
+         ["flow", "p.fd", "--form", "w", "--random", "0", "--out", "f.npz"], code=0, stdout=r"^wrote f\.npz"),
+    Case("time-limit-not-a-number", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "2", "--lr", "0.1", "--time-limit", "nan"],
+         usage=True, message=r"--time-limit: must be a positive number of seconds, not nan"),
+    Case("train-lr-1e308", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["train", "p.fd", "--form", "w", "--random", "0", "--steps", "3", "--lr", "1e308"], progress=True,
+         message=r"^p\.fd: the value of W is not finite"),
+    Case("train-every-10e20", {"p.fd": HEAD + "random 0\nw = form(X - W)\nshow train(w, 3, 0.1, 10^21)\n"},
+         ["run", "p.fd"], code=0, stdout=r"^loss .* in 3 steps"),
+    Case("gaussnewton-damping-1e400", {"p.fd": HEAD + "E := X - W\nmetric gaussnewton(E, 10^400)\n"},
+         ["run", "p.fd"], message=r"^p\.fd:5:23: out of range: 10 to the power 400"),
+    Case("power-underflow-said-briefly", {"p.fd": HEAD + "random 0\nshow eval((1e-200)^2 X)\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:5:11: out of range: 1e-200 to the power 2 is beyond float64"),
+    Case("a-400-kb-line-echoed-in-a-window", {"p.fd": "show " + "X + " * 100_000 + ")\n"}, ["run", "p.fd"],
+         message=r"^p\.fd:1:400006: unexpected '\)'"),
+    # 6. a rule file's LaTeX name cannot be a TeX primitive that acts when the paper is typeset
+    Case("latex-name-input", {"r.rules": 'operator f(A) latex "\\input" = A + A\n',
+                              "p.fd": 'rules "r.rules"\n' + HEAD + "show latex(f(X))\n"}, ["run", "p.fd"],
+         code=0, stdout=r"^\\operatorname\{\\textbackslash\{\}input\}\\left\(X\\right\)$"),
+    Case("latex-name-immediate", {"r.rules": 'operator g(A) latex "\\immediate" = A\n',
+                                  "p.fd": 'rules "r.rules"\n' + HEAD + "show latex(g(X))\n"}, ["run", "p.fd"],
+         code=0, stdout=r"^\\operatorname\{\\textbackslash\{\}immediate\}"),
+    Case("latex-name-sigma-kept", {"r.rules": 'operator g(A) latex "\\sigma" = A\n',
+                                   "p.fd": 'rules "r.rules"\n' + HEAD + "show latex(g(X))\n"}, ["run", "p.fd"],
+         code=0, stdout=r"^\\sigma\\left\(X\\right\)$"),
+    # 2. what is read is a file of the kind it claims
+    Case("rules-flag-proc-environ", {"p.fd": HEAD}, ["run", "--rules", "/proc/self/environ", "p.fd"],
+         message=r"^/proc/self/environ: cannot read this rule file: it is a file of the system"),
+    Case("values-statement-proc-environ", {"p.fd": HEAD + 'values "/proc/self/environ"\n'}, ["run", "p.fd"],
+         message=r"^p\.fd:4:1: "),
+    Case("import-dev-stdin", {"r.rules": 'import "/dev/stdin"\n', "p.fd": 'rules "r.rules"\n'}, ["run", "p.fd"],
+         stdin=b"ruleset x\n", message=r"^r\.rules:1:1: cannot import '/dev/stdin'"),
+    Case("program-is-a-fifo", {"p.fd": lambda path: os.mkfifo(path)}, ["run", "p.fd"],
+         message=r"^p\.fd: cannot read this file: it is a pipe"),
+    Case("repl-load-a-fifo", {"f.fd": lambda path: os.mkfifo(path)}, ["repl"], stdin=b":load f.fd\nshow 7\n",
+         progress=True, message=r"^f\.fd: cannot read this file: it is a pipe", stdout=r"^7$"),
+    Case("repl-rule-file-imports-dev-stdin", {"r.rules": 'import "/dev/stdin"\n'}, ["repl"],
+         stdin=b'rules "r.rules"\nshow 3\n', progress=True, message=r"cannot import '/dev/stdin'", stdout=r"^3$"),
+    # 3. outputs never overwrite inputs; 4. nor leave the folder
+    Case("grad-out-over-its-values", {"p.fd": HEAD + "w = form(X - W)\n", "v.npz": _npz(X=np.ones((2, 2)),
+                                                                                        W=np.ones((2, 2)))},
+         ["grad", "p.fd", "--form", "w", "--values", "v.npz", "--out", "v.npz"],
+         message=r"^v\.npz: cannot write this file: it is one of this command's inputs"),
+    Case("train-plot-over-its-rule-file", {"p.fd": HEAD + "w = form(X - W)\n", "r.png": "ruleset mine\n"},
+         ["train", "p.fd", "--rules", "r.png", "--form", "w", "--random", "0", "--steps", "2", "--lr", "0.1",
+          "--plot", "r.png"], message=r"^r\.png: cannot write this file: it is one of this command's inputs",
+         check=lambda d: _unchanged(d / "r.png", "ruleset mine\n")),
+    Case("save-over-a-hard-link-of-the-program", {"p.fd": HEAD + 'random 0\nsave "h.npz" X\n',
+                                                  "h.npz": lambda path: os.link(path.parent / "p.fd", path)},
+         ["run", "p.fd"], message=r"^p\.fd:5:1: cannot write this file: it is one of this command's inputs",
+         check=lambda d: _unchanged(d / "p.fd", HEAD + 'random 0\nsave "h.npz" X\n')),
+    Case("flow-out-dev-stdout", {"p.fd": HEAD + "w = form(X - W)\n"},
+         ["flow", "p.fd", "--form", "w", "--random", "0", "--out", "/dev/stdout"],
+         message=r"^/dev/stdout: cannot write this file: it leads into /dev"),
+    Case("repl-diagram-absolute-path", {}, ["repl"], stdin=(HEAD + ":diagram X -o /tmp/fdsl-hostile-23c.svg\n"
+                                                               "show 2\n").encode(), progress=True,
+         message=r"^cannot write '/tmp/fdsl-hostile-23c\.svg': it is outside the folder", stdout=r"^2$"),
+    Case("save-through-a-folder-link-outside", {"p.fd": HEAD + 'random 0\nsave "sub/x.npz" X\n'}, ["run", "p.fd"],
+         links={"sub": "../../outside"}, message=r"^p\.fd:5:1: cannot write 'sub/x\.npz': it leads out of the folder"),
+    # 3, 7. a second rule file of one program cannot change an operator's meaning, even in the repl
+    Case("repl-operator-redefined", {"a.rules": "operator f(A) = A + A\n", "b.rules": "operator f(A) = A * A\n"},
+         ["repl"], stdin=(HEAD + 'rules "a.rules"\nrandom 0\nx = f(X)\nrules "b.rules"\nshow eval(x - 2 X)\n').encode(),
+         progress=True, message=r"b\.rules:1:1: operator f is already defined, differently",
+         stdout=r"^\[\[0\. 0\.\]$"),
 ]
 
 
@@ -656,9 +739,85 @@ def test_printable_escapes_what_drives_a_terminal():
     assert str(e) == "f\\x1b.fd:1:4: bad \\x1b[2J\n    ab\\x1bc\n          ^"  # the caret under c
 
 
-def test_a_second_program_cannot_redefine_an_operator_of_the_first(tmp_path):
-    """Operators are one table per process: a second program loaded in the same process whose rule
-    file gives an operator another value is refused, and the first program's terms keep theirs."""
+def _python(code: str, folder: Path) -> subprocess.CompletedProcess:
+    """Python ``code`` run in a fresh process in ``folder``, under the corpus's caps (the API's cases:
+    each starts from a process as a user's script would)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONIOENCODING="utf-8", XDG_CACHE_HOME=str(folder / "cache"))
+    return subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True,
+                          preexec_fn=_limits, timeout=4 * CPU_SECONDS)
+
+
+# act is a softplus in one rule file and a tanh in the other, each with its own derivative rules
+_ACT_RULES = """operator act(A) numpy {fn}
+operator actd(A, B) linear B = {slope} * B
+ruleset differentiate
+rule d-act: d(act(?A)) => actd(?A, d(?A))
+ruleset linear
+rule actd-sum: actd(?X, ?A + ?B...) => actd(?X, ?A) + actd(?X, ?B...)
+rule actd-scalar: actd(?X, ?c ?B...) => ?c actd(?X, ?B...) when scalar(?c)
+ruleset transpose
+rule t-actd: actd(?X, ?B)^t => actd(?X^t, ?B^t) when has_d(?B)
+ruleset shiftmm
+rule flip-actd: trace(?P... actd(?X, ?B) ?S...) => trace(actd(?X^t, ?S... ?P...) ?B) when has_d(?B)
+"""
+_ACT_PROGRAM = ('rules "{rules}"\ndim n = 3, d = 2\nconst X : n x d, Y : n x d\nweight U : d x d\n'
+                'F = act(X U)\nE := Y - F\nw = normal(form(E))\nshow w\n')
+_TWO_PROGRAMS = """
+import io, sys
+import numpy as np
+import fdsl
+from fdsl.backends.codegen import compile_namespace, gradients_source
+from fdsl.backends.numpy_eval import evaluate
+from fdsl.core.printers import latex
+rng = np.random.default_rng(0)
+values = {"X": rng.normal(size=(3, 2)), "Y": rng.normal(size=(3, 2)), "U": rng.normal(size=(2, 2))}
+first = fdsl.load("soft.fd")
+second = fdsl.load("tanh.fd")
+again = fdsl.load("soft.fd")  # the first meaning again: the same operator, after the second
+for name, p, f, slope in (("soft", first, lambda z: np.logaddexp(0, z), lambda z: 0.5 + 0.5 * np.tanh(z / 2)),
+                          ("tanh", second, np.tanh, lambda z: 1 - np.tanh(z) ** 2),
+                          ("soft", again, lambda z: np.logaddexp(0, z), lambda z: 0.5 + 0.5 * np.tanh(z / 2))):
+    out = io.StringIO()
+    p.run(out)
+    assert "act" in out.getvalue() and "#" not in out.getvalue(), out.getvalue()
+    assert "#" not in latex(p["w"]) and "#" not in repr(p["F"])
+    z = values["X"] @ values["U"]
+    assert np.allclose(evaluate(p["F"], values), f(z)), name
+    E = values["Y"] - f(z)
+    expected = values["X"].T @ (slope(z) * E)  # -dL/dU for L = 1/2 ||E||^2
+    for target in ("numpy", "torch"):
+        try:
+            grads = compile_namespace(gradients_source(p["w"], {"n": 3, "d": 2}, target=target))["grads"]
+        except Exception as e:
+            if target == "torch" and "torch" in str(e):
+                continue
+            raise
+        got = np.asarray(grads(values)["U"])
+        assert np.allclose(got, expected), (name, target, got, expected)
+    text = str(p["w"])
+    assert text.startswith("dU: actd("), text
+print("ok")
+"""
+
+
+def test_two_programs_each_with_its_own_operator(tmp_path):
+    """Operators are per rule book: two programs in one process each declare act (a softplus, a
+    tanh); each program's terms evaluate, differentiate, print and lower to numpy and torch with its
+    own meaning, the first one's again after the second. (Before, the second was refused: the
+    operator table was one per process.)"""
+    (tmp_path / "soft.rules").write_text(_ACT_RULES.format(fn="softplus", slope="sigmoid(A)"))
+    (tmp_path / "tanh.rules").write_text(_ACT_RULES.format(fn="tanh", slope="(1 - tanh(A) * tanh(A))"))
+    (tmp_path / "soft.fd").write_text(_ACT_PROGRAM.format(rules="soft.rules"))
+    (tmp_path / "tanh.fd").write_text(_ACT_PROGRAM.format(rules="tanh.rules"))
+    proc = _python(_TWO_PROGRAMS, tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_one_program_still_cannot_redefine_its_operator(tmp_path):
+    """Within one program (the repl's session, a program loading a second rule file) a name keeps
+    its first meaning: a later declaration with another is refused, located, and the terms built
+    keep their values; another program in the process is free to declare it."""
     import io
 
     import fdsl
@@ -668,11 +827,142 @@ def test_a_second_program_cannot_redefine_an_operator_of_the_first(tmp_path):
     (tmp_path / "b.rules").write_text("operator hostile23f(A) = A + A + A\n")
     body = HEAD + "random 0\nx = hostile23f(X)\nshow eval(x - 2 X)\n"
     (tmp_path / "p1.fd").write_text('rules "a.rules"\n' + body)
-    (tmp_path / "p2.fd").write_text('rules "b.rules"\n' + body)
+    (tmp_path / "p2.fd").write_text('rules "b.rules"\n' + body.replace("2 X", "3 X"))
     first = fdsl.load(tmp_path / "p1.fd")
     with pytest.raises(FdslError, match=r"operator hostile23f is already defined, differently, at .*a\.rules:1") as e:
-        fdsl.load(tmp_path / "p2.fd")
+        first.load_rules(tmp_path / "b.rules")
     assert e.value.line == 1 and e.value.file.endswith("b.rules")
-    out = io.StringIO()
-    first.run(out)
-    assert out.getvalue() == "[[0. 0.]\n [0. 0.]]\n"
+    second = fdsl.load(tmp_path / "p2.fd")
+    for p in (first, second):
+        out = io.StringIO()
+        p.run(out)
+        assert out.getvalue() == "[[0. 0.]\n [0. 0.]]\n"
+
+
+def test_names_one_program_gives_do_not_change_another_programs_printing(tmp_path):
+    """A program's hints (P = ...) and declared names (weight S) are its own: another program that
+    shares the same term prints it with its own fresh name S_1, as it does alone. (Before, it printed
+    the first program's P: the printers' names were one table per process.)"""
+    (tmp_path / "a.fd").write_text("dim n = 2\nconst X : n x n\nweight W, S : n x n\nP = m(m(m(m(X W))))\nshow P\n")
+    (tmp_path / "b.fd").write_text("dim n = 2\nconst X : n x n\nweight W : n x n\n"
+                                   "show m(m(m(m(X W)))) m(m(m(m(X W))))^t\n")
+    code = ("import io, fdsl\nouts = []\nfor f in %r:\n    out = io.StringIO()\n    fdsl.load(f).run(out)\n"
+            "    outs.append(out.getvalue())\nprint(repr(outs[-1]))\n")
+    alone = _python(code % (["b.fd"],), tmp_path)
+    after = _python(code % (["a.fd", "b.fd"],), tmp_path)
+    assert alone.returncode == after.returncode == 0, alone.stderr + after.stderr
+    assert "S_1 S_1^t" in alone.stdout and after.stdout == alone.stdout, (alone.stdout, after.stdout)
+
+
+def test_the_width_limit_is_the_programs(tmp_path):
+    """The widest flat term follows the program's size limit (--size-limit, or the API's
+    size_limit=), not a process-wide setting: one program with a small limit refuses a sum that
+    another, with the default, builds in the same process; the repl follows its own flag."""
+    text = "dim n = 2\nweight X : n x n\nf(0) = X\nf(k) = f(k-1) + f(k-1)\nshow nodes(f(11))\n"  # 2048
+    (tmp_path / "p.fd").write_text(text)
+    code = ("import io, fdsl\nfrom fdsl.base.errors import FdslError\n"
+            "try:\n    fdsl.load('p.fd', size_limit=50_000)\n    print('built')\n"
+            "except FdslError as e:\n    print('refused', e.message.split(',')[0])\n"
+            "out = io.StringIO()\nfdsl.load('p.fd').run(out)\nprint(out.getvalue().strip())\n"
+            "try:\n    fdsl.parse(open('p.fd').read(), size_limit=50_000)\n    print('built')\n"
+            "except FdslError as e:\n    print('refused')\n")
+    proc = _python(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "refused this would build a sum of 1024 summands" and lines[2] == "refused", lines
+    assert lines[1].isdigit(), lines  # the default limit (a million operands) builds it
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONIOENCODING="utf-8")
+    for flag, code_ in ((["--size-limit", "50000"], 2), ([], 0)):
+        repl = subprocess.run([sys.executable, "-m", "fdsl.cli", "repl", *flag], cwd=tmp_path, env=env,
+                              input=text, capture_output=True, text=True, preexec_fn=_limits, timeout=4 * CPU_SECONDS)
+        assert "Traceback" not in repl.stderr
+        assert repl.returncode == code_, (flag, repl.returncode, repl.stderr[-1000:])
+        assert ("1024 summands" in repl.stderr) == (code_ == 2), repl.stderr[-1000:]
+
+
+def _spaced(i: int) -> str:
+    """A name of letters for i, written twice: two of them differ in at least two letters, so none is
+    one edit away from another (the misspelling check would refuse it)."""
+    word = "".join(chr(97 + (i // 26 ** k) % 26) for k in range(4))
+    return word + word
+
+
+def _run_capped(argv, folder: Path) -> tuple:
+    """``fdsl ARGV`` under the corpus's caps: (the process, the CPU seconds it used)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONIOENCODING="utf-8", XDG_CACHE_HOME=str(folder / "cache"))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-m", "fdsl.cli", *argv], cwd=folder, env=env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, preexec_fn=_limits, timeout=4 * CPU_SECONDS)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return proc, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def test_a_rule_file_of_20000_rulesets_and_20000_rules_loads_in_seconds(tmp_path):
+    """Every check over a rule file is linear: 20,000 rulesets (each with a rule), a ruleset of 20,000
+    rules, a header including all 20,000 and a misspelt name after them load within the CPU cap, and
+    the misspelling is still found with its message. (A file of 20,000 rulesets took 89 s when the
+    misspelling check compared every pair, and 54 s while each rule split the whole file into lines.)"""
+    names = ["rs" + _spaced(i) for i in range(20_000)]
+    lines = []
+    for n in names:
+        lines += ["ruleset " + n, "rule r%s: m(m(?A)) => m(?A)" % n]
+    lines.append("ruleset onebig")
+    lines += ["rule q%05d: m(m(m(?A)) + ?B) => m(?A)" % i for i in range(20_000)]
+    lines.append("ruleset everything includes " + ", ".join(names))
+    (tmp_path / "big.rules").write_text("\n".join(lines) + "\n")
+    (tmp_path / "p.fd").write_text('rules "big.rules"\n' + HEAD + "show %s(m(m(X)))\nshow onebig(m(X))\n" % names[-1])
+    proc, cpu = _run_capped(["run", "p.fd"], tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "m(X)\nm(X)\n", proc.stderr[-2000:]
+    assert cpu < 45, "loading took %.1f s of CPU" % cpu
+    # the same file with, at its end, a ruleset one letter from the first: refused as before
+    misspelt = names[0][:-1] + "q"
+    (tmp_path / "big.rules").write_text("\n".join(lines) + "\nruleset %s\n" % misspelt)
+    proc, cpu = _run_capped(["run", "p.fd"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("big.rules:%d:1: ruleset %s would be a new, empty ruleset, but there is a "
+                                  "ruleset %s" % (len(lines) + 1, misspelt, names[0])), proc.stderr[:500]
+    assert cpu < 45, "loading took %.1f s of CPU" % cpu
+
+
+def test_a_long_line_is_echoed_in_a_window(tmp_path):
+    """A syntax error on a 400 KB line echoes 160 characters around the column, with the caret under
+    it, not the whole line (which floods the terminal and the logs)."""
+    (tmp_path / "p.fd").write_text("show " + "X + " * 100_000 + ")\n")
+    proc, _ = _run_capped(["run", "p.fd"], tmp_path)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 3 and len(proc.stderr) < 600, proc.stderr[:800]
+    assert lines[1].startswith("    ...") and lines[1].endswith("X + )")
+    assert lines[2].index("^") == len(lines[1]) - 1
+
+
+_API_PROBES = """
+import fdsl
+p = fdsl.parse("dim n = 2\\nconst X : n x n\\n")
+X = p["X"]
+probes = [lambda: X * 10**400, lambda: (X * 1e200) * 1e200, lambda: X * 1e-320, lambda: 3 * X + X * 10**300,
+          lambda: fdsl.parse("dim n = 2\\n", step_limit=-1), lambda: fdsl.parse("dim n = 2\\n", size_limit=0),
+          lambda: fdsl.parse("dim n = 2\\n", size_limit="big"),
+          lambda: fdsl.parse("dim n = 2\\n", time_limit=float("nan")),
+          lambda: fdsl.load("p.fd", time_limit=-3), lambda: fdsl.load("p.fd", step_limit=True)]
+for probe in probes:
+    try:
+        print("built", probe())
+    except fdsl.FdslError as e:
+        print("refused:", e.message)
+"""
+
+
+def test_the_api_checks_its_numbers_and_limits(tmp_path):
+    """Python numbers beyond float64's range, given or folded (X * 10**400, 1e200 X * 1e200,
+    1e-320), are refused as literals are; limits given to fdsl.parse/load are checked as the flags
+    are (before, each was accepted: a 400-digit coefficient, a step limit of -1)."""
+    (tmp_path / "p.fd").write_text(HEAD)
+    proc = _python(_API_PROBES, tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    out = proc.stdout.splitlines()
+    assert len(out) == 10 and all(line.startswith("refused: out of range") for line in out[:3]), out
+    assert out[3].startswith("built "), out[3]  # 10**300: in range
+    assert out[4] == "refused: step_limit must be a whole number of at least 1 (as --step-limit N), not -1"
+    assert out[5].startswith("refused: size_limit must be") and out[6].startswith("refused: size_limit must be")
+    assert out[7] == "refused: time_limit must be a positive number of seconds (as --time-limit SECONDS), not nan"
+    assert out[8].startswith("refused: time_limit") and out[9].startswith("refused: step_limit"), out

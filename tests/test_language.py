@@ -244,7 +244,9 @@ def test_later_clauses_do_not_hide_base_cases(defs):
 
 @pytest.fixture(scope="module")
 def encoder2(examples):
-    return fdsl.load(examples / "encoder2.fd")
+    program = fdsl.load(examples / "encoder2.fd")
+    with program.active():  # its printers' names (encoder_1) are the program's own: the tests print with them
+        yield program
 
 
 def test_encoder_grows_linearly_as_a_graph_and_3x_as_a_tree(encoder2):

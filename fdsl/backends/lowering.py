@@ -63,6 +63,7 @@ from typing import Mapping, Optional
 from ..base.errors import FdslError
 from ..core import terms as T
 from ..core.ops import OPS
+from ..core.ops import shown as op_name
 from ..core.printers import short
 from ..core.terms import Term, postorder
 from .fusion import Stmt as _Stmt
@@ -587,7 +588,7 @@ class Lowering(Products, ModuleWriter):
         template = self.target.template(spec, b.op) if spec is not None else None
         if template is None:
             raise FdslError("operator %s has no %s implementation, so code cannot be generated for %s%s"
-                            % (b.op, self.target.name, short(b), "" if self.target.name == "numpy" else
+                            % (op_name(b.op), self.target.name, short(b), "" if self.target.name == "numpy" else
                                " (its numpy template uses functions torch does not spell the same way)"))
         exprs = [a.expr() for a in args]
         data = repr(float(b.data)) if isinstance(b.data, Fraction) else repr(b.data)
@@ -596,7 +597,7 @@ class Lowering(Products, ModuleWriter):
                                      args_had=" * ".join(exprs), value=data, exponent=data)
         except (KeyError, IndexError) as e:
             raise FdslError("the numpy template of operator %s, %r, uses an unknown placeholder %s"
-                            % (b.op, spec.numpy, e)) from None
+                            % (op_name(b.op), spec.numpy, e)) from None
 
     def _hadamard_args(self, b: Term) -> list:
         """The factors of a Hadamard product as computed: a factor ``C r`` (C a column of ones, r a

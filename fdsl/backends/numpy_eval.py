@@ -46,6 +46,7 @@ import numpy as np
 from ..base.errors import FdslError
 from ..base.inputs import check_allocation
 from ..core.ops import OPS, shape_str
+from ..core.ops import shown as op_name
 from ..core.printers import text
 from ..core.terms import Symbol, Term, postorder, tree_size
 from . import numpy_runtime
@@ -96,7 +97,7 @@ def _short(t: Term) -> str:
     """A term for a message: in full when small, else its head (terms can be exponentially long)."""
     if tree_size(t) <= 60:
         return text(t)
-    return "%s(...)" % t.op if t.op not in ("add", "mul", "had") else "a %s of %d terms" % (
+    return "%s(...)" % op_name(t.op) if t.op not in ("add", "mul", "had") else "a %s of %d terms" % (
         {"add": "sum", "mul": "product", "had": "Hadamard product"}[t.op], len(t.args))
 
 
@@ -208,7 +209,7 @@ class Evaluator:
                     if not np.array_equal(sub.memo[x] > 0, self.memo[x] > 0):
                         raise NotDifferentiable("the finite difference of %s crosses a kink of relu "
                                                 "(an argument of %s changes sign within %g of the "
-                                                "point)" % (_short(arg), n.op, 2 * h))
+                                                "point)" % (_short(arg), op_name(n.op), 2 * h))
             return out
 
         if not moving:
@@ -225,7 +226,7 @@ class Evaluator:
         expected = self.shape(node.shape, "a result")
         if out.shape != expected:
             raise FdslError("the numpy lowering of %s gave shape %s, not %s, for %s"
-                            % (node.op, out.shape, expected, _short(node)))
+                            % (op_name(node.op), out.shape, expected, _short(node)))
 
     def _symbol(self, node: Term) -> np.ndarray:
         symbol, shape = node.data

@@ -28,6 +28,7 @@ from typing import Mapping
 
 from ..base.errors import FdslError
 from ..core.ops import OPS
+from ..core.ops import shown as op_name
 from ..core.terms import Term, postorder
 
 
@@ -250,7 +251,7 @@ class TorchEvaluator:
     def _template(self, node: Term, args):
         spec = OPS.get(node.op)
         if spec is None or spec.numpy is None:
-            raise FdslError("operator %s has no definition the torch oracle can run" % node.op)
+            raise FdslError("operator %s has no definition the torch oracle can run" % op_name(node.op))
         names = ["x%d" % i for i in range(len(args))]
         data = float(node.data) if isinstance(node.data, Fraction) else node.data
         try:
@@ -264,8 +265,8 @@ class TorchEvaluator:
             out = eval(code, env)  # noqa: S307 - see above
         except Exception as e:  # whatever the template does, torch cannot run it: say so
             raise FdslError("the torch oracle cannot run operator %s's numpy template %r: %s"
-                            % (node.op, spec.numpy, e)) from None
+                            % (op_name(node.op), spec.numpy, e)) from None
         if not self.torch.is_tensor(out):
             raise FdslError("operator %s's numpy template %r gave no tensor in the torch oracle"
-                            % (node.op, spec.numpy))
+                            % (op_name(node.op), spec.numpy))
         return out

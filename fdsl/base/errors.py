@@ -12,6 +12,8 @@ from typing import Optional
 # control characters (C0, DEL, C1) and the invisible bidirectional controls: echoed raw they would
 # drive the terminal (clear the screen, set its title, OSC 52 writes the clipboard) or reorder what
 # it shows; everything fdsl prints that came from a user's file passes through ``printable``
+ECHO_WIDTH = 160  # the most characters of a source line a message echoes (a window around the column)
+
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -67,9 +69,15 @@ class FdslError(Exception):
             src_lines = self.source.split("\n")  # only newlines end a line, as in the parser
             if 0 < self.line <= len(src_lines):
                 text = src_lines[self.line - 1].removesuffix("\r").expandtabs(1)
+                col = self.col
+                if len(text) > ECHO_WIDTH:  # a window around the column: a 400 KB line is not echoed whole
+                    start = max(0, min((col or 1) - 1 - ECHO_WIDTH // 2, len(text) - ECHO_WIDTH))
+                    end = start + ECHO_WIDTH
+                    head, tail = ("..." if start else ""), ("..." if end < len(text) else "")
+                    text, col = head + text[start:end] + tail, (col - start + len(head) if col else col)
                 lines.append("    " + printable(text, False))
-                if self.col is not None:  # the caret under the character, after its escaped prefix
-                    lines.append("    " + " " * len(printable(text[:self.col - 1], False)) + "^")
+                if col is not None:  # the caret under the character, after its escaped prefix
+                    lines.append("    " + " " * len(printable(text[:col - 1], False)) + "^")
         lines.extend(printable(n) for n in self.notes)
         return "\n".join(lines)
 

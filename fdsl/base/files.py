@@ -142,6 +142,8 @@ def confine(folder, name: str, what: str = "a program", absolute: bool = False) 
     except OSError as e:
         raise FdslError("cannot write %r: %s" % (name, e.strerror or e)) from None
     if os.path.commonpath([root, real]) != root:
+        if os.path.isabs(name) and os.path.realpath(os.path.dirname(name)) == os.path.dirname(real):
+            raise FdslError("cannot write %r: it is outside the folder; %s" % (name, where))
         raise FdslError("cannot write %r: it leads out of the folder through a link (to %s); %s"
                         % (name, real, where))
     return path

@@ -6,6 +6,8 @@ step limit   rewrite steps of one ruleset before it is declared non-terminating
 size limit   term cells one rewrite may build before it is declared growing without end
 max nodes    boxes of a diagram, refused before any layout
 max edges    edges of a diagram, likewise
+time limit   seconds a training run or a conjugate-gradient solve is estimated to take (its count
+             times the measured cost of one step or iteration) before it is refused unstarted
 """
 
 DEFAULT_STEP_LIMIT = 2_000_000
@@ -24,3 +26,7 @@ WIDTH_SHARE = 50
 # that took it 276 s had 405 nodes and many times more edges. A picture past these is unreadable.
 DEFAULT_MAX_NODES = 300
 DEFAULT_MAX_EDGES = 600
+
+# A training run of N steps, or conjugate gradients with an explicit iteration limit, is refused when
+# N times the measured cost of its first step (iteration) exceeds this many seconds: an hour.
+DEFAULT_TIME_LIMIT = 3_600.0

@@ -36,7 +36,13 @@ def power_problem(base: Fraction, exponent: int):
     bits = max(abs(base.numerator).bit_length(), base.denominator.bit_length(), 2) - 1
     if bits * abs(exponent) > _FLOAT_BITS:
         return ("out of range: %s to the power %s is beyond float64 (magnitude about 1e-308 to 1.8e308)"
-                % (base, exponent))
+                % (_brief(base), exponent))
     return None
+
+
+def _brief(value: Fraction) -> str:
+    """``value`` for a message: exact when short, else as a float (1e-200, not 201 digits)."""
+    text = str(value)
+    return text if len(text) <= 24 else "%.6g" % float(value)
 
 

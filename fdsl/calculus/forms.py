@@ -24,6 +24,7 @@ from ..core import terms as T
 from ..core.functions import as_int, as_term, function
 from ..core.normal import differentials, is_weight  # noqa: F401  (read here by the verbs' callers)
 from ..core.ops import OPS
+from ..core.ops import shown as op_name
 from ..core.printers import short, text
 from ..core.terms import Term
 
@@ -110,7 +111,7 @@ def why_not_normal(s: Term):
             params = ", ".join("?" + p for p in "ABCDEFGH"[:len(x.args)])
             return ("d(%s) is left as it is: no rule differentiates the operator %s; add one to ruleset "
                     "differentiate, e.g. rule d-%s: d(%s(%s)) => ... (examples/softplus.rules shows how)"
-                    % (short(x, 60), x.op, x.op, x.op, params))
+                    % (short(x, 60), op_name(x.op), op_name(x.op), op_name(x.op), params))
         return "d(%s) is left as it is: no rule expands it" % short(x, 60)
     if not s.has_d:
         return "%s has no differential: normal takes a 1-form, e.g. normal(form(E))" % short(s, 60)
@@ -210,7 +211,7 @@ def path_labels(chain) -> list:
         if node.op in ("let", "sym"):
             labels.append(text(node))
         elif OPS[node.op].kind == "function":
-            labels.append("%s(...)" % node.op)
+            labels.append("%s(...)" % op_name(node.op))
     return labels
 
 

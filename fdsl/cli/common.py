@@ -10,11 +10,11 @@ parser is built: ``fdsl --help`` imports only the command line.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ..base.errors import FdslError
-from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
-from ..core import terms as T
+from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT, DEFAULT_TIME_LIMIT
 
 FILE_HELP = "the .fd program to read ('-' reads it from standard input)"
 RULES_HELP = "load a rule file before the program (repeatable)"
@@ -63,19 +63,37 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_limit_options(p) -> None:
-    """--step-limit and --size-limit: where a rewrite stops with a reason instead of running on."""
+def positive_seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number of seconds" % text) from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError("must be a positive number of seconds, not %s" % text)
+    return value
+
+
+def add_limit_options(p, time: bool = True) -> None:
+    """--step-limit, --size-limit and --time-limit: where a rewrite stops with a reason instead of
+    running on, and how long a training run or a solve may be estimated to take (``time``: fdsl
+    serve has a --time-limit of its own, the seconds one command may run, which it passes on)."""
     p.add_argument("--step-limit", type=positive_int, metavar="N", help="rewrite steps before a ruleset "
                    "is declared non-terminating (default %d)" % DEFAULT_STEP_LIMIT)
     p.add_argument("--size-limit", type=positive_int, metavar="N", help="term cells (each new node with its "
                    "operands) one rewrite may build before it is declared growing without end; one step alone may "
                    "build a fiftieth of it (default %d)" % DEFAULT_SIZE_LIMIT)
+    if not time:
+        return
+    p.add_argument("--time-limit", type=positive_seconds, metavar="SECONDS", help="a training run (steps) or a "
+                   "conjugate-gradient solve (gaussnewton's iterations) estimated to take longer, from the cost of "
+                   "its first steps, is refused before it runs on (default %d)" % DEFAULT_TIME_LIMIT)
 
 
 def set_limits(program, args) -> None:
     program.options["step_limit"] = getattr(args, "step_limit", None)
-    program.options["size_limit"] = getattr(args, "size_limit", None)
-    T.set_size_limit(program.options["size_limit"])  # the widest flat term follows it
+    program.options["size_limit"] = getattr(args, "size_limit", None)  # the widest flat term follows it
+    program.options["time_limit"] = getattr(args, "time_limit", None)
 
 
 def _progress_wanted(args) -> bool:

@@ -52,7 +52,7 @@ def register(sub):
     p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                    help="the address to listen on (default 127.0.0.1, this machine only; others get a warning)")
     p.add_argument("--open", action="store_true", help="open the page in a web browser")
-    add_limit_options(p)
+    add_limit_options(p, time=False)
     p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="SECONDS",
                    help="seconds one command may run before it is stopped (default 60)")
     p.add_argument("--memory-limit", type=int, metavar="MiB",

@@ -11,6 +11,10 @@ operator   a node label of the term graph: ``mul`` (matrix product, n-ary), ``ad
            ``log``, ``sqrt``, ``tanh``, ``sigmoid``, ``gelu`` with their derivative operators
            (``dexp(A, B) = exp(A) o B``, ...), the row reductions ``rowsum``, ``rowmean``,
            ``rowvar``, and the shape constants ``onescol``, ``onesrow``, ``cols``, ``eyerows``.
+key        the operator's entry in ``OPS``, which terms carry: its name, or for a user operator
+           whose name another rule book gave another meaning in this process, ``name#k``
+           (``user_operator``). Programs and rule files write names; each rule book maps its names
+           to keys, and printers write ``Op.shown``, the name.
 shape      ``(rows, cols)``; each side is a dim name (``"n"``) or an int. Scalars are 1 x 1 and
            additionally flagged ``scalar``: they commute with everything and are neutral in products.
 linear     the argument positions in which an operator is linear: a zero there makes the result zero.
@@ -30,7 +34,7 @@ Adding an operator is one ``Op`` entry here (or an ``operator`` line in a rule f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 
@@ -73,6 +77,12 @@ class Op:
     positive: tuple = ()  # argument positions where the operator is defined for positive entries only
     rows: bool = False  # a row reduction: (n x d) -> (n x 1)
     where: str = field(default="", compare=False)  # a user operator's declaration, file:line
+
+    @property
+    def shown(self) -> str:
+        """The operator's name as programs write it: ``name`` less the ``#k`` of a user operator
+        declared with another meaning elsewhere in the process (see ``user_operator``)."""
+        return self.name.partition("#")[0]
 
     def meaning(self) -> tuple:
         """What terms built with this operator mean: their values, shapes, linearity, domain and
@@ -285,9 +295,36 @@ OPS: dict[str, Op] = {}
 
 
 def register(op: Op) -> Op:
-    """Add an operator to the table (rule files call this through ``operator`` declarations)."""
+    """Add a built-in operator to the table."""
     OPS[op.name] = op
     return op
+
+
+# (name, meaning) -> the key of the user operator of that name and meaning in OPS
+_USER: dict = {}
+
+
+def user_operator(op: Op) -> Op:
+    """The operator of the table for a user declaration ``op`` (``op.name`` the name the rule file
+    writes). Operators are a rule book's, not the process's: two programs may each declare ``f``
+    with their own meaning. Terms carry their operator's key, so each meaning has its own: the
+    first the plain name, another ``f#2``, ``f#3``, ... (printed ``f``: see ``Op.shown``). The same
+    declaration again, in any rule book, is the same operator."""
+    key = _USER.get((op.name, op.meaning()))
+    if key is not None:
+        return OPS[key]
+    key, k = op.name, 1
+    while key in OPS:
+        k += 1
+        key = "%s#%d" % (op.name, k)
+    registered = OPS[key] = replace(op, name=key)
+    _USER[(op.name, op.meaning())] = key
+    return registered
+
+
+def shown(key: str) -> str:
+    """How the operator of table key ``key`` is written (``f`` for ``f#2``)."""
+    return key.partition("#")[0]
 
 
 for _op in [

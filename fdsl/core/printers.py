@@ -21,6 +21,7 @@ import html as _html
 from fractions import Fraction
 
 from .ops import OPS
+from .ops import shown as op_name
 from .share import Sharing
 from .terms import Term, postorder
 
@@ -52,7 +53,7 @@ class Style:
         return "%s^(%s)" % (base, self.number(exponent))
 
     def call(self, name, args):
-        return "%s(%s)" % (name, ", ".join(args))
+        return "%s(%s)" % (op_name(name), ", ".join(args))
 
     def differential(self, node, inner):
         # dQ_0 for the differential of a symbol, as the manual writes it; d(...) otherwise
@@ -148,7 +149,7 @@ class LatexStyle(Style):
 
     def call(self, name, args):
         op = OPS.get(name)
-        head = op.latex if op is not None and op.latex else r"\operatorname{%s}" % name
+        head = op.latex if op is not None and op.latex else r"\operatorname{%s}" % op_name(name)
         return r"%s\left(%s\right)" % (head, ", ".join(args))
 
     def differential(self, node, inner):
@@ -181,7 +182,7 @@ class HtmlStyle(Style):
         return "%s<sup>%s</sup>" % (base, self.number(exponent))
 
     def call(self, name, args):
-        return '<span class="op">%s</span>(%s)' % (_html.escape(name), ", ".join(args))
+        return '<span class="op">%s</span>(%s)' % (_html.escape(op_name(name)), ", ".join(args))
 
     def differential(self, node, inner):
         if node.args[0].op in ("sym", "let"):
@@ -288,7 +289,7 @@ class Printer:
             dim = _dim_count(n)
             if dim is not None:  # cols(A) of a symbolic width d: trace(ones(1, d) ones(d, 1)) is d
                 return s.dim_count(dim, n, self.memo[n.args[0]][0]), ATOM, None
-        # every other operator prints as a function call
+        # every other operator prints as a function call, by its name (f for the key f#2)
         return s.call(op, [self.memo[a][0] for a in n.args]), ATOM, None
 
     def _product(self, args):
@@ -355,7 +356,7 @@ def short(t: Term, width: int = 100) -> str:
     """``t`` for a message: printed, cut to ``width`` characters; a term of more than 200 distinct
     nodes by its head only (its text could be long to make, and is unreadable anyway)."""
     if _bigger_than(t, 200):
-        return "%s(...)" % t.op
+        return "%s(...)" % op_name(t.op)
     s = text(t)
     return s if len(s) <= width else s[: width - 3] + "..."
 

@@ -28,6 +28,12 @@ reused        a subterm that is, written out, the body of a let the term holds: 
 unfolded      a term with every let replaced by its body, unfolded: equal unfoldings are equal
               values, however the lets were placed (what ``reused`` compares).
 
+names         a program's hints and reserved names (``Names``): each program has its own, made the
+              current ones (``naming``) while it elaborates, runs or is asked, so that what one
+              program calls a value, or declares, does not change how another program's terms
+              print. Outside every program the last one made current serves (a script that
+              parses a program and prints its terms gets that program's names).
+
 ``found(t)`` is the analysis (node -> (name, index), and the runs); ``Sharing(t)`` rebuilds
 ``t`` with every found node wrapped in a ``let``, keeping the user's own lets as they are, which
 is what ``normal``/``backprop`` differentiate and the printers print, so the manual's natural
@@ -37,27 +43,60 @@ pass over the shared graph, without recursion.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from . import terms as T
 from .terms import Term
 
 SMALL = 6  # a shared node of at most this many nodes written out is cheaper to read inline
 WRITE_OUT = 20_000  # printers write a term out in full up to this many nodes
 
-_HINTS: dict = {}  # Term -> (name, index): the name its program gave it
-_RESERVED: set = set()  # every name a program declared or defined: fresh names avoid them
-_CACHE: dict = {}  # (Term, hint count) -> found(t)
 _FRESH = ("S", "H", "Z", "T", "P", "R", "N", "M")
 
 
+class Names:
+    """The names one program gave: ``hints`` (Term -> (name, index), the first one wins),
+    ``reserved`` (every name it declared or defined: fresh names avoid them), and ``cache``
+    ((Term, hint count, ...) -> found(t), which depends on both)."""
+
+    def __init__(self):
+        self.hints: dict = {}
+        self.reserved: set = set()
+        self.cache: dict = {}
+
+
+_CURRENT: ContextVar = ContextVar("fdsl_names", default=None)
+_LAST = [Names()]  # the names made current last: what serves outside every program
+
+
+def current_names() -> Names:
+    """The current program's names (see the vocabulary)."""
+    current = _CURRENT.get()
+    return current if current is not None else _LAST[0]
+
+
+@contextmanager
+def naming(own: Names):
+    """Make ``own`` the current names for the block (and, after it, outside every program)."""
+    _LAST[0] = own
+    token = _CURRENT.set(own)
+    try:
+        yield own
+    finally:
+        _CURRENT.reset(token)
+
+
 def hint(t, name: str, index: tuple = ()) -> None:
-    """Record that a program calls the value ``t`` by ``name`` (``name_index`` with an index)."""
-    if isinstance(t, Term) and t not in _HINTS and t.args and t.op != "let":
-        _HINTS[t] = (name, tuple(index))
+    """Record that the current program calls the value ``t`` by ``name`` (``name_index`` with an index)."""
+    hints = current_names().hints
+    if isinstance(t, Term) and t not in hints and t.args and t.op != "let":
+        hints[t] = (name, tuple(index))
 
 
 def reserve(name: str) -> None:
     """A name the user declared or defined: a fresh name never takes it."""
-    _RESERVED.add(name)
+    current_names().reserved.add(name)
 
 
 def _sum_runs(t: Term, adds: list, descend=None) -> dict:
@@ -90,7 +129,8 @@ def _sum_runs(t: Term, adds: list, descend=None) -> dict:
 def fresh_letter(names_in_use) -> str:
     """The letter of fresh names (``S_1``, ...): the first of ``_FRESH`` that no symbol, definition,
     hint, let or name in ``names_in_use`` takes."""
-    taken = set(names_in_use) | _RESERVED | {name for name, _ in _HINTS.values()}
+    own = current_names()
+    taken = set(names_in_use) | own.reserved | {name for name, _ in own.hints.values()}
     letter = next((c for c in _FRESH if c not in taken), None)
     if letter is None:
         letter = next("S" * k for k in range(2, 1000) if "S" * k not in taken)
@@ -104,9 +144,11 @@ def found(t: Term, printing: bool = False, named=frozenset(), taken=frozenset(),
     twice, is ``Y - F`` written twice), which the engine, which never names a transpose, ignores.
     ``named``: nodes already named otherwise; ``taken``: names a fresh one must not take;
     ``opaque``: lets whose bodies are not looked into (printed before: not printed again)."""
-    key = (t, len(_HINTS), printing, named, taken, opaque)
+    own = current_names()
+    hints, cache = own.hints, own.cache
+    key = (t, len(hints), printing, named, taken, opaque)
     descend = (lambda n: n not in opaque) if opaque else None
-    hit = _CACHE.get(key)
+    hit = cache.get(key)
     if hit is not None:
         return hit
     count: dict = {t: 0}
@@ -119,9 +161,9 @@ def found(t: Term, printing: bool = False, named=frozenset(), taken=frozenset(),
                 by_d[c] = by_d.get(c, 0) + 1
         if node.op == "let":
             named.add(node.args[0])
-    adds = [h for h in _HINTS if h.op == "add" and h in count]
+    adds = [h for h in hints if h.op == "add" and h in count]
     if printing:  # unfolded, a let's sum stands as a run in the sums it was named in
-        adds += [h for h in named if h.op == "add" and h in count and h not in _HINTS]
+        adds += [h for h in named if h.op == "add" and h in count and h not in hints]
     runs = _sum_runs(t, adds, descend)
     for p, rs in runs.items():
         for _, h in rs:
@@ -134,7 +176,7 @@ def found(t: Term, printing: bool = False, named=frozenset(), taken=frozenset(),
             if node.op == "t" and count[node] > 1:
                 count[node.args[0]] += count[node] - 1
     size: dict = {}
-    names_in_use = set(_RESERVED) | taken
+    names_in_use = set(own.reserved) | taken
     picked = []
     for node in T.postorder(t, descend):
         # tree sizes capped at SMALL + 1: only "small or not" matters, and exact sizes explode
@@ -145,7 +187,7 @@ def found(t: Term, printing: bool = False, named=frozenset(), taken=frozenset(),
             names_in_use.add(node.data[0])
         if not node.args or node.has_d or node.op in ("let", "t") or node in named:
             continue
-        if node in _HINTS:
+        if node in hints:
             if count[node] > 1:
                 picked.append(node)
         elif count[node] - by_d.get(node, 0) > 1 and size[node] > SMALL:
@@ -153,16 +195,16 @@ def found(t: Term, printing: bool = False, named=frozenset(), taken=frozenset(),
     letter = fresh_letter(names_in_use)
     names, fresh = {}, 0
     for node in picked:
-        if node in _HINTS:
-            names[node] = _HINTS[node]
+        if node in hints:
+            names[node] = hints[node]
         else:
             fresh += 1
             names[node] = (letter, (fresh,))
     runs = {p: [(i, h) for i, h in rs if h in names] for p, rs in runs.items()}
     out = (names, {p: rs for p, rs in runs.items() if rs})
-    if len(_CACHE) > 256:
-        _CACHE.clear()
-    _CACHE[key] = out
+    if len(cache) > 256:
+        cache.clear()
+    cache[key] = out
     return out
 
 

@@ -22,6 +22,8 @@ about the operators is in rules.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator, Optional
@@ -184,13 +186,30 @@ def _look_at_memory() -> None:
                         % (size_text(left), _BUILT[0]))
 
 
-# the most operands one flat sum, product or Hadamard product may have (set_size_limit changes it)
-_MAX_WIDTH = [DEFAULT_SIZE_LIMIT // WIDTH_SHARE]
+# The most operands one flat sum, product or Hadamard product may have: a fiftieth of the size limit
+# of the program (or API call) building it, which ``widest`` makes current, so that two programs of
+# one process, or the repl and the API, each have their own --size-limit.
+_MAX_WIDTH: ContextVar = ContextVar("fdsl_max_width", default=DEFAULT_SIZE_LIMIT // WIDTH_SHARE)
 
 
-def set_size_limit(size_limit) -> None:
-    """Follow ``--size-limit N``: one flat term may have N / WIDTH_SHARE operands."""
-    _MAX_WIDTH[0] = max(1000, (size_limit or DEFAULT_SIZE_LIMIT) // WIDTH_SHARE)
+def _width(size_limit) -> int:
+    return max(1000, (size_limit or DEFAULT_SIZE_LIMIT) // WIDTH_SHARE)
+
+
+@contextmanager
+def widest(size_limit):
+    """For the block, one flat term may have ``size_limit / WIDTH_SHARE`` operands (at least 1,000;
+    None: the default size limit's)."""
+    token = _MAX_WIDTH.set(_width(size_limit))
+    try:
+        yield
+    finally:
+        _MAX_WIDTH.reset(token)
+
+
+def max_width() -> int:
+    """The most operands one flat term may have here and now."""
+    return _MAX_WIDTH.get()
 
 
 def _check_width(op: str, parts) -> None:
@@ -200,13 +219,14 @@ def _check_width(op: str, parts) -> None:
     width = 0
     for p in parts:
         width += len(p.args) if p.op == op else 1
-    if width > _MAX_WIDTH[0]:
+    limit = _MAX_WIDTH.get()
+    if width > limit:
         from ..base.errors import TooWide
 
         what = {"add": "sum of %d summands", "mul": "product of %d factors", "had": "Hadamard product of %d factors"}
         e = TooWide("this would build a %s, more than one term may hold (%d, a fiftieth of the size limit, "
                         "--size-limit N): a definition that doubles its term at every step?"
-                        % (what[op] % width, _MAX_WIDTH[0]))
+                        % (what[op] % width, limit))
         e.width = width
         raise e
 
@@ -592,14 +612,19 @@ def _number(x) -> Optional[Term]:
     """A Python number as an exact scalar term (a float by its shortest decimal), else None."""
     if isinstance(x, bool):
         return None
-    if isinstance(x, (int, Fraction)):
-        return num(x)
     if isinstance(x, float):
         if x != x or x in (float("inf"), float("-inf")):
             from ..base.errors import FdslError
 
             raise FdslError("%r is not a number fdsl can use: scalars are exact rationals" % x)
-        return num(Fraction(repr(x)))
+        x = Fraction(repr(x))
+    if isinstance(x, (int, Fraction)):
+        problem = number_problem(Fraction(x)) if x else None  # 10**400 from Python, as a literal would be
+        if problem:
+            from ..base.errors import FdslError
+
+            raise FdslError(problem)
+        return num(x)
     return None
 
 
@@ -621,10 +646,16 @@ def _divide(a: Term, b: Term) -> Term:
 
 
 def _checked(build, *args) -> Term:
-    """Build a term; a shape mismatch is an FdslError with the language's message."""
-    try:
-        return build(*args)
-    except ShapeError as e:
-        from ..base.errors import FdslError
+    """Build a term; a shape mismatch, or a number folded beyond float64's range (1e200 X * 1e200),
+    is an FdslError with the language's message."""
+    from ..base.errors import FdslError
 
+    take_out_of_range()  # (one left by earlier work is not this build's)
+    try:
+        t = build(*args)
+    except ShapeError as e:
         raise FdslError(str(e)) from None
+    bad = take_out_of_range()
+    if bad is not None:
+        raise FdslError(number_problem(bad) or "out of range")
+    return t

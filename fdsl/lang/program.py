@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -78,7 +79,7 @@ class Program:
         self.notes: list[str] = []  # what the repl says after an input: "E redefined (...)"
         self.sources: dict[str, list[str]] = {}  # definition name -> its clauses as written
         self.effects: list = []
-        self.options = {"trace": False, "step_limit": None, "size_limit": None}
+        self.options = {"trace": False, "step_limit": None, "size_limit": None, "time_limit": None}
         self.trace_out = sys.stderr
         self._memo: dict = {}
         self._depth = 0
@@ -91,6 +92,7 @@ class Program:
         # name them only, so a program's output says once what E is, not at every coefficient
         self.bound_shown: set = set()
         self.metric = None  # fdsl.learn.metrics.Metric: what `metric` statements chose (Euclidean if none)
+        self.names = share.Names()  # the names this program gives values and declares: its printers'
         assembly.assemble()  # every function and statement of the language, once
         from .rules import RuleBook
 
@@ -98,8 +100,20 @@ class Program:
 
     # ---- feeding statements -------------------------------------------------------------------
 
+    @contextmanager
+    def active(self):
+        """For the block, this program's settings are the current ones: the names its printers use
+        (``fdsl.core.share.naming``) and the widest flat term its --size-limit allows
+        (``fdsl.core.terms.widest``). Feeding, running and the API's questions are each one block."""
+        with share.naming(self.names), T.widest(self.options.get("size_limit")):
+            yield
+
     def feed(self, text: str, filename: Optional[str] = None) -> list:
         """Elaborate more program text; return the effects it produced (not yet performed)."""
+        with self.active():
+            return self._feed(text, filename)
+
+    def _feed(self, text: str, filename: Optional[str] = None) -> list:
         filename = filename or self.filename
         statements = parse_program(text, filename)
         start = len(self.effects)
@@ -282,14 +296,16 @@ class Program:
         """The program's declarations and definitions, as text (``print(program)``)."""
         from .listing import describe
 
-        return describe(self)
+        with self.active():
+            return describe(self)
 
     __str__ = describe
 
     def _repr_html_(self):
         from .listing import describe_html
 
-        return describe_html(self)
+        with self.active():
+            return describe_html(self)
 
     def diagram(self, expr: str, **options):
         """The picture of an expression of this program (inline in a notebook; see ``fdsl.diagram``)."""
@@ -309,7 +325,8 @@ class Program:
         ``normal``, linear in depth). The one policy of every command that needs gradients."""
         if normal.is_normal_form(w):
             return w
-        return self.apply_rules("backprop", w)
+        with self.active():
+            return self.apply_rules("backprop", w)
 
     # ---- evaluation ---------------------------------------------------------------------------
 
@@ -461,7 +478,7 @@ class Program:
         if name in self.families:
             fam = self.families[name]
             raise self.error("%s is an indexed family: write %s[%s]" % (name, name, ", ".join(fam.indices)), node)
-        if name in self.clauses or name in FUNCTIONS or name in OPS:
+        if name in self.clauses or name in FUNCTIONS or self.operator(name) is not None:
             raise self.error("%s is a function: call it as %s(...)" % (name, name), node)
         raise self.error("unknown name %r%s" % (name, self._suggest(name, env)), node)
 
@@ -551,11 +568,11 @@ class Program:
             for before in _as_list(args[0]):
                 self._check_applies(name, as_term(before, "the argument of %s" % name), node)
             return result
-        op = OPS.get(name)
+        op = self.operator(name)
         if op is not None and op.kind == "function":
             if len(args) != op.arity:
                 raise self.error("%s takes %s, not %d" % (name, _count(op.arity, op.arity), len(args)), node)
-            return T.make(name, [as_term(a, "an argument of %s" % name) for a in args])
+            return T.make(op.name, [as_term(a, "an argument of %s" % name) for a in args])
         scale = (self.definitions.get(name) or self.symbols.get(name)
                  or (self.dim_term(name) if name in self.dims else None))
         if scale is not None and len(args) == 1:  # s(A + B) is the product s (A + B)
@@ -582,9 +599,9 @@ class Program:
         alias = function_hint(name)  # softmax, relu, tr: what fdsl calls them
         if alias is not None:
             return "; in fdsl, %s" % alias
-        known = list(self.clauses) + list(FUNCTIONS) + [o for o, op in OPS.items() if op.kind == "function"]
+        known = list(self.clauses) + list(FUNCTIONS)
         if self.rulebook is not None:
-            known += self.rulebook.ruleset_names()
+            known += self.rulebook.operator_names() + self.rulebook.ruleset_names()
         close = difflib.get_close_matches(name, known, n=1)
         return "; did you mean %r?" % close[0] if close else ""
 
@@ -655,7 +672,8 @@ class Program:
 
         options = dict(self.options, trace_out=self.trace_out)
         try:
-            result = self.rulebook.apply(name, value, options)
+            with self.active():
+                result = self.rulebook.apply(name, value, options)
         except NotNormal as e:  # backprop met a term it cannot read as trace(G dX): say why
             reason = why_not_normal(e.summand)
             if reason is None:
@@ -667,6 +685,13 @@ class Program:
             for w in _as_list(result):
                 check_normal(w, name)
         return result
+
+    def operator(self, name: str):
+        """The operator ``name`` stands for in this program (its rule book's), or None."""
+        if self.rulebook is not None:
+            return self.rulebook.operator(name)
+        op = OPS.get(name)
+        return op if op is not None and not op.user else None
 
     def named_terms(self) -> set:
         """The program's own named definitions (E := ...)."""
@@ -689,12 +714,14 @@ class Program:
                 or len(statements[0].items) != 1:
             raise FdslError("expected one expression", "<expr>", 1, 1, text)
         self._src = ("<expr>", text)
-        return self.evaluate(statements[0].items[0], {})
+        with self.active():
+            return self.evaluate(statements[0].items[0], {})
 
     def call_definition(self, name: str, *args):
         """Call a parameterised definition from Python: ``program.call_definition("encoder", 2)``."""
         values = [Fraction(a) if isinstance(a, int) else a for a in args]
-        return self._call_definition(name, values, Node("call", value=name))
+        with self.active():
+            return self._call_definition(name, values, Node("call", value=name))
 
     def run(self, out=None) -> None:
         """Perform the effects: print what was shown, write the files that were asked for."""
@@ -702,7 +729,8 @@ class Program:
 
         out = out or sys.stdout
         try:
-            perform_all(self.effects, out, self)
+            with self.active():
+                perform_all(self.effects, out, self)
         finally:
             self.effects.clear()
 
@@ -845,17 +873,36 @@ def _short(v):
     return s if len(s) < 30 else s[:27] + "..."
 
 
-def parse(text: str, filename: str = "<string>", base_dir=None) -> Program:
-    """Elaborate program text; its statements' effects wait for ``Program.run``."""
+def _limits(step_limit, size_limit, time_limit) -> dict:
+    """The API's limits, checked as the command line checks its flags (None: the default)."""
+    import math
+
+    for name, value in (("step_limit", step_limit), ("size_limit", size_limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise FdslError("%s must be a whole number of at least 1 (as --%s N), not %r"
+                            % (name, name.replace("_", "-"), value))
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not (time_limit > 0 and math.isfinite(time_limit))):
+        raise FdslError("time_limit must be a positive number of seconds (as --time-limit SECONDS), not %r"
+                        % (time_limit,))
+    return {"step_limit": step_limit, "size_limit": size_limit, "time_limit": time_limit}
+
+
+def parse(text: str, filename: str = "<string>", base_dir=None, step_limit=None, size_limit=None,
+          time_limit=None) -> Program:
+    """Elaborate program text; its statements' effects wait for ``Program.run``. ``step_limit``,
+    ``size_limit``, ``time_limit``: the program's, as ``--step-limit``, ``--size-limit`` and
+    ``--time-limit`` give them (None: the defaults of ``fdsl.base.limits``)."""
     program = Program(filename, base_dir)
+    program.options.update(_limits(step_limit, size_limit, time_limit))
     program.feed(text, filename)
     return program
 
 
-def load(path, rules=(), setup=None) -> Program:
+def load(path, rules=(), setup=None, step_limit=None, size_limit=None, time_limit=None) -> Program:
     """Read and elaborate a ``.fd`` file, or standard input for ``"-"`` (``rules``: extra rule
     files to load first; ``setup``: called with the program before it runs, e.g. to give it
-    values for its ``eval`` statements)."""
+    values for its ``eval`` statements; ``step_limit``, ``size_limit``: as ``parse``'s)."""
     from ..base.inputs import MAX_SOURCE_BYTES, read_source
 
     if str(path) == "-":  # the usual spelling of standard input; its relative paths are the cwd's
@@ -873,6 +920,7 @@ def load(path, rules=(), setup=None) -> Program:
         text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
         filename, base_dir = str(path), path.parent
     program = Program(filename, base_dir)
+    program.options.update(_limits(step_limit, size_limit, time_limit))
     for r in rules:
         program.load_rules(r)
     if setup is not None:

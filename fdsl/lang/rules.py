@@ -154,8 +154,9 @@ def parse_rule_file(text: str, filename: str) -> list:
 class _Compiler:
     """Turns the expression Nodes of a rule into patterns, checking operators and arities."""
 
-    def __init__(self, err, params=None):
+    def __init__(self, err, operator, params=None):
         self.err = err  # err(message, node) -> FdslError
+        self.operator = operator  # name -> the Op it stands for in this rule book, or None
         self.params = params  # an operator's body: its argument names, which stand as variables
 
     def __call__(self, n: Node):
@@ -179,14 +180,14 @@ class _Compiler:
         if k == "string":
             raise self.err("a string cannot stand in a rule", n)
         if k == "call":
-            op = O.OPS.get(n.value)
+            op = self.operator(n.value)
             if op is None or op.arity is None or n.value in ("sym", "num", "zero", "eye", "ones"):
                 raise self.err("unknown operator %r (declare it in a rule file: operator %s(A) numpy NAME, "
                                "or operator %s(A) = EXPR)" % (n.value, n.value, n.value), n)
             if op.arity != len(n.args):
                 raise self.err("%s takes %d argument%s, not %d" % (n.value, op.arity, "" if op.arity == 1 else "s",
                                                                    len(n.args)), n)
-            return Op(n.value, tuple(self(a) for a in n.args))
+            return Op(op.name, tuple(self(a) for a in n.args))
         if k == "transpose":
             return Op("t", (self(n.args[0]),))
         if k == "power":
@@ -312,6 +313,9 @@ class RuleBook:
         self.strategies: dict[str, Strategy] = {}
         self.rule_names: dict[tuple, Rule] = {}  # (ruleset, rule name) -> rule
         self.files: list[str] = []
+        # the user operators this book's files declare: name -> key in fdsl.core.ops.OPS (the
+        # process's table holds every book's; a name means what this book declared it to)
+        self.operators: dict[str, str] = {}
         self.builtins = BUILTIN_STRATEGIES  # the strategies written in Python, by name
         self.engine = Engine(self)
         if stdlib:
@@ -324,15 +328,15 @@ class RuleBook:
         # what to go back to if a file fails (rulesets are copied: loading appends to them)
         snapshot = ({k: Ruleset(v.name, list(v.rules), list(v.includes), list(v.excepts), v.file, v.line)
                      for k, v in self.rulesets.items()},
-                    dict(self.strategies), dict(self.rule_names), list(self.files), dict(O.OPS))
+                    dict(self.strategies), dict(self.rule_names), list(self.files), dict(self.operators))
         try:
             for path in paths:
                 self._load(Path(path), importer=None)
             self._check_references()
         except FdslError:
-            self.rulesets, self.strategies, self.rule_names, self.files, ops = snapshot
-            O.OPS.clear()
-            O.OPS.update(ops)
+            # (operators the failed files registered stay in the process's table, unused by this
+            # book: a term may already hold them, and the same declaration again reuses them)
+            self.rulesets, self.strategies, self.rule_names, self.files, self.operators = snapshot
             raise
         finally:
             self.engine.reset()
@@ -352,6 +356,7 @@ class RuleBook:
         items = cached[1]
         current = None
         display = _display_path(path)
+        lines = text.splitlines()  # once per file: a rule's source line is looked up, not split for
 
         def err(message, node_or_item):
             line = getattr(node_or_item, "line", None) or (node_or_item.get("line") if isinstance(node_or_item, dict)
@@ -392,16 +397,17 @@ class RuleBook:
                     raise err("%s is already a strategy (%s:%d)" % (name, self.strategies[name].file,
                                                                     self.strategies[name].line), item)
                 current = self.rulesets.setdefault(name, Ruleset(name, file=display, line=item["line"]))
-                for inc in item["includes"]:
-                    if inc not in current.includes:
-                        current.includes.append(inc)
-                for exc in item["excepts"]:
-                    if exc not in current.excepts:
-                        current.excepts.append(exc)
+                # (a set of what is there: a header may name 20,000 rulesets)
+                for names, there in ((item["includes"], current.includes), (item["excepts"], current.excepts)):
+                    seen = set(there)
+                    for x in names:
+                        if x not in seen:
+                            seen.add(x)
+                            there.append(x)
             elif kind == "rule":
                 if current is None:
                     raise err("rule %s stands outside a ruleset: start one with 'ruleset NAME'" % item["name"], item)
-                current.rules.append(self._compile_rule(item, current.name, display, err, text))
+                current.rules.append(self._compile_rule(item, current.name, display, err, lines))
             elif kind == "strategy":
                 name = item["name"]
                 self._check_free_name(name, "strategy", err, item)
@@ -424,9 +430,10 @@ class RuleBook:
     def _check_free_name(self, name, what, err, item):
         from ..core.functions import FUNCTIONS
 
-        if name in O.OPS or name in FUNCTIONS:
+        op = self.operator(name)
+        if op is not None or name in FUNCTIONS:
             raise err("%s %s would hide the %s %s"
-                      % (what, name, "operator" if name in O.OPS else "function", name), item)
+                      % (what, name, "operator" if op is not None else "function", name), item)
 
     def _check_not_a_misspelling(self, name, what, err, item):
         """A new ruleset or strategy whose name is one letter or only case away from an existing
@@ -473,7 +480,7 @@ class RuleBook:
 
     def _declare_operator(self, item, err):
         name, params = item["name"], item["params"]
-        existing = O.OPS.get(name)
+        existing = self.operator(name)
         if existing is not None and not existing.user:
             raise err("operator %s is built in" % name, item)
         if len(set(params)) != len(params):
@@ -504,29 +511,42 @@ class RuleBook:
                 raise err("numpy %s takes %d argument%s, but %s has %d" % (
                     fn, arity, "" if arity == 1 else "s", name, len(params)), where)
         if opts["body"] is not None:
-            template = _body_template(name, params, opts["body"], err)
+            template = _body_template(name, params, opts["body"], err, self.operator)
         op = O.Op(name, len(params), O.same_shape_args(name), linear=tuple(params.index(l) for l in opts["linear"]),
                   numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
                   user=True, params=tuple(params), positive=tuple(sorted(positive)),
                   where="%s:%d" % (err.display, item["line"]))
-        # Operators are one table per process and terms keep their operator's name only, so a second
-        # declaration with another meaning would change the values of terms already built (by this
-        # program or an earlier one in the same process): refused. The same declaration again (the
-        # same rule file loaded by a second program) is the same operator.
+        # A name means one operator in a rule book: a second declaration with another meaning would
+        # change the values of the terms this program already built with the first, so it is refused.
+        # The same declaration again (two rule files importing a third) is the same operator. Another
+        # program's rule book may give the name another meaning: its operator has its own key.
         if existing is not None and existing.meaning() != op.meaning():
             raise err("operator %s is already defined, differently, at %s; an operator keeps its first "
-                      "meaning for as long as fdsl runs: give this one another name" % (name, existing.where), item)
+                      "meaning in a program: give this one another name" % (name, existing.where), item)
         if existing is None:
-            O.register(op)
+            self.operators[name] = O.user_operator(op).name
 
-    def _compile_rule(self, item, ruleset, display, err, text) -> Rule:
+    def operator(self, name: str):
+        """The operator ``name`` stands for in this rule book (an ``fdsl.core.ops.Op``), or None:
+        a built-in one, or a user operator this book's files declared."""
+        key = self.operators.get(name)
+        if key is not None:
+            return O.OPS[key]
+        op = O.OPS.get(name)
+        return op if op is not None and not op.user else None
+
+    def operator_names(self) -> list:
+        """The names of the function-style operators of this book, built in and declared."""
+        return [n for n, op in O.OPS.items() if op.kind == "function" and not op.user] + list(self.operators)
+
+    def _compile_rule(self, item, ruleset, display, err, lines) -> Rule:
         name = item["name"]
         if (ruleset, name) in self.rule_names:
             first = self.rule_names[(ruleset, name)]
             raise err("duplicate rule name %s in ruleset %s (first at %s)" % (name, ruleset, first.where()), item)
         for side in (item["lhs"], item["rhs"]):
             _check_depth(side, "rule %s" % name, err)
-        compile_ = _Compiler(err)
+        compile_ = _Compiler(err, self.operator)
         lhs, rhs = compile_(item["lhs"]), compile_(item["rhs"])
         if isinstance(lhs, (Var, Seq)):
             raise err("the left side of %s is a bare variable: it would match every term" % name, item)
@@ -563,7 +583,7 @@ class RuleBook:
             if len(gargs) != 1:
                 raise FdslError("predicate %s takes one argument" % pred, display, line, col)
             guards.append((negated, pred, gargs[0]))
-        source = " ".join(text.splitlines()[item["line"] - 1].split())
+        source = " ".join(lines[item["line"] - 1].split())
         rule = Rule(name, lhs, rhs, tuple(guards), display, item["line"], ruleset, source)
         self.rule_names[(ruleset, name)] = rule
         return rule
@@ -734,12 +754,12 @@ def _check_depth(node: Node, what: str, err) -> None:
 _MAX_TEMPLATE = 20_000
 
 
-def _body_template(name, params, body: Node, err) -> str:
+def _body_template(name, params, body: Node, err, operator) -> str:
     """The numpy template of ``operator name(params) = body``, composed from the templates of the
     operators the body uses (built in, from the numpy table, or declared before): fdsl's own text
     and numbers, never the rule file's. The body is checked to keep its arguments' shape."""
     _check_depth(body, "the value of operator %s" % name, err)
-    pattern = _Compiler(err, params)(body)
+    pattern = _Compiler(err, operator, params)(body)
     rows, cols = "r", "c"  # symbolic sizes: the check holds for every shape
     bindings = {p: T.sym(T.Symbol(p), (rows, cols)) for p in params}
     try:
@@ -760,11 +780,11 @@ def _body_template(name, params, body: Node, err) -> str:
         if isinstance(p, Bag):
             return "(%s)" % (" + " if p.op == "add" else " * ").join(compose(q) for q in p.items)
         spec = O.OPS[p.op]
-        if p.op == name:
+        if spec.shown == name:
             raise err("the value of operator %s uses %s itself" % (name, name), body)
         if spec.numpy is None:
             raise err("the value of operator %s uses %s, which has no numbers (d is a differential)"
-                      % (name, p.op), body)
+                      % (name, spec.shown), body)
         args = [compose(q) for q in p.args]
         data = "(%r)" % float(p.data) if p.data is not None else None
         return spec.numpy.format(*args, args=", ".join(args), args_sum=" + ".join(args),
@@ -782,10 +802,20 @@ _LATEX_SPECIAL = {c: "\\" + c for c in "#$%&_{}"}
 _LATEX_SPECIAL.update({"\\": r"\textbackslash{}", "^": r"\textasciicircum{}", "~": r"\textasciitilde{}"})
 
 
+# The control words an operator's LaTeX name may be: math operators and letters. Any other (\input,
+# \def, \catcode, \immediate, ...) would act when the paper is typeset, so it is written out as text.
+_LATEX_WORDS = frozenset(
+    "arccos arcsin arctan arg cos cosh cot coth csc deg det dim exp gcd hom inf ker lg lim liminf limsup ln log "
+    "max min Pr sec sin sinh sup tan tanh nabla partial ell mathrm operatorname "
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi pi varpi rho "
+    "varrho sigma varsigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi "
+    "Psi Omega".split())
+
+
 def _latex_head(text):
-    """An operator's LaTeX name: a control word (``\\tanh``) as given; any other text escaped, as
-    an operator name, so a rule file cannot inject LaTeX into a paper."""
-    if text is None or _LATEX_COMMAND.fullmatch(text):
+    """An operator's LaTeX name: a math control word (``\\tanh``, ``\\sigma``) as given; any other
+    text escaped, as an operator name, so a rule file cannot inject LaTeX into a paper."""
+    if text is None or (_LATEX_COMMAND.fullmatch(text) and text[1:] in _LATEX_WORDS):
         return text
     return r"\operatorname{%s}" % "".join(_LATEX_SPECIAL.get(c, c) for c in text)
 

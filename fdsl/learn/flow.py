@@ -25,12 +25,14 @@ command line (one array per weight, like ``fdsl grad``), and ``fdsl train`` all 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..base.errors import FdslError
+from ..base.estimate import check_estimate
 from ..core import terms as T
 from ..core.functions import as_term, function
 from ..core.printers import short
@@ -226,6 +228,7 @@ class Dualizer:
             block = [w for w in ordered if terms[w] == spec]
             self.blocks.append((spec, [_name(w) for w in block], Jacobian(program, spec.error, block)))
         self.euclidean = all(s == EUCLIDEAN for s in self.specs.values())
+        self.time_limit = program.options.get("time_limit")  # None: DEFAULT_TIME_LIMIT
 
     def terms(self) -> list:
         """The terms the metric needs values for: the factors of kron metrics, the errors of
@@ -293,6 +296,8 @@ class Dualizer:
 
         b = join(sharp)
         limit = spec.limit(b.size)
+        if spec.iterations is not None:  # asked for: the estimate of running them all is checked
+            apply = _estimated(apply, spec.describe(), limit, self.time_limit)
         with np.errstate(over="ignore", invalid="ignore"):
             x, iterations, residual, converged = conjugate_gradients(apply, b, spec.tol, limit)
         if not converged:
@@ -301,6 +306,23 @@ class Dualizer:
                             "gaussnewton(E, %g, TOL, ITERATIONS), or the damping lambda"
                             % (spec.describe(), residual, spec.tol, limit, spec.damping))
         return split(x), Solve(spec, names, iterations, residual)
+
+
+def _estimated(apply, what: str, limit: int, time_limit):
+    """``apply`` that, on its second call (the first may compile the code of J), refuses the solve
+    if ``limit`` iterations at that call's cost would take longer than the time limit."""
+    calls = [0]
+
+    def timed(x):
+        calls[0] += 1
+        if calls[0] != 2:
+            return apply(x)
+        start = time.perf_counter()
+        out = apply(x)
+        check_estimate(what, limit, "iterations", time.perf_counter() - start, time_limit)
+        return out
+
+    return timed
 
 
 def _spd(a: np.ndarray, term: Term, which: str, name: str, size: int) -> np.ndarray:

@@ -202,7 +202,7 @@ def _spec(program, node, targets):
         tol = DEFAULT_TOL
         if len(args) > 2:
             # a relative residual below float64's precision (2.2e-16) is never reached: CG would run to its limit
-            tol = _number_arg(program, args[2], node.args[2], "the tolerance", lambda x: MIN_TOL <= x < 1,
+            tol = _number_arg(program, args[2], node.args[2], "the tolerance", lambda x: MIN_TOL <= float(x) < 1,
                               "between 1e-15 (float64's precision) and 1")
         iterations = None
         if len(args) > 3:

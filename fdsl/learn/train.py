@@ -21,6 +21,7 @@ trains the program's own values, so later ``eval``/``save``/``grad`` see the tra
 from __future__ import annotations
 
 import math
+import time
 from fractions import Fraction
 from typing import Optional
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..backends.values import SAVERS
 from ..base.errors import FdslError
+from ..base.estimate import check_estimate
 from ..base.files import Note, Write, target_of
 from ..calculus.gradients import error_of, objective_of
 from ..core import terms as T
@@ -208,6 +210,7 @@ class Trainer:
         curve = []
         first = None
         for step in range(steps + 1):
+            started = time.perf_counter()
             try:
                 with np.errstate(all="ignore"):  # a diverging run is caught just below
                     loss, flows, record = self.measure()
@@ -225,8 +228,13 @@ class Trainer:
                     report(step, loss)
             if step == steps:
                 break
-            for name, v in flows.items():
-                self.values[name] = self.values[name] + lr * v
+            with np.errstate(over="ignore", invalid="ignore"):  # a step to inf is caught at the next measure
+                for name, v in flows.items():
+                    self.values[name] = self.values[name] + lr * v
+            if step == 1:  # the second step's cost (the first compiles the code) times the steps
+                check_estimate("training %d steps" % steps, steps, "steps", time.perf_counter() - started,
+                               self.program.options.get("time_limit"),
+                               "--steps" if self.program.options.get("train") is False else None)
         if self.drawn:
             if self.program.options.get("train") is False:  # fdsl train: its own run, said now
                 self.program.trace_out.write("note: %s\n" % self.drawn)

@@ -268,13 +268,23 @@ def _switch(arg, current, what, choices):
     return arg == "on" if choices == ("on", "off") else arg
 
 
+def _operators(program) -> dict:
+    """Name -> Op of the function-style operators of the session's program: the built-in ones and
+    those its rule files declared (another program's are not this one's)."""
+    from ..core.ops import OPS
+
+    book = getattr(program, "rulebook", None)
+    if book is not None and hasattr(book, "operator_names"):
+        return {n: book.operator(n) for n in book.operator_names()}
+    return {n: op for n, op in OPS.items() if op.kind == "function" and not op.user}
+
+
 def help_text(program, name: str = "") -> str:
     """The ``:help`` page: commands, statements, functions (signature and doc), operators."""
     from ..core.functions import FUNCTIONS
-    from ..core.ops import OPS
     from ..lang.statements import STATEMENTS
 
-    operators = {n: op for n, op in OPS.items() if op.kind == "function"}
+    operators = _operators(program)
     if name:
         name = name.lstrip(":")
         own = describe_name(program, name)
@@ -386,7 +396,7 @@ def who(program) -> str:
 
 def _op_signature(op) -> str:
     params = op.params or tuple("ABCDEFGH"[: op.arity or 2])
-    return "%s(%s)" % (op.name, ", ".join(params))
+    return "%s(%s)" % (op.shown, ", ".join(params))
 
 
 # ---- the session ---------------------------------------------------------------------------------

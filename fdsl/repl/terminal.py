@@ -15,6 +15,7 @@ from .session import (
     PROMPT,
     Session,
     _op_signature,
+    _operators,
     find_command,
     history_path,
     needs_more,
@@ -28,12 +29,9 @@ def completion_names(program) -> dict[str, tuple[str, str]]:
     """Every name the session knows: text to insert -> (name, what it is). Keyed by the text, so
     the dim ``d`` and the operator ``d(`` are both offered."""
     from ..core.functions import FUNCTIONS
-    from ..core.ops import OPS
-
     names: dict[str, tuple[str, str]] = {}
-    for name, op in OPS.items():
-        if op.kind == "function":
-            names[name + "("] = (name, "operator " + _op_signature(op))
+    for name, op in _operators(program).items():
+        names[name + "("] = (name, "operator " + _op_signature(op))
     for name, f in FUNCTIONS.items():
         names[name + "("] = (name, f.signature)
     book = program.rulebook

@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Iterator
 
 from ..core import terms as T
+from ..core.ops import shown as op_name
 from ..core.terms import Term
 
 
@@ -75,7 +76,7 @@ class Op:
             return "%s^t" % _atom(self.args[0])
         if self.op == "pow":
             return "%s^(%s)" % (_atom(self.args[0]), self.data)  # a number or an Exponent
-        return "%s(%s)" % (self.op, ", ".join(map(str, self.args)))
+        return "%s(%s)" % (op_name(self.op), ", ".join(map(str, self.args)))
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ class Worker:
         o = self.options
         cmd = [sys.executable, "-m", "fdsl.serve.worker", "--own", str(self.folder)]
         for flag, value in (("--file", o.file), ("--step-limit", o.step_limit), ("--size-limit", o.size_limit),
-                            ("--memory-limit", o.memory_limit)):
+                            ("--time-limit", o.time_limit), ("--memory-limit", o.memory_limit)):
             if value is not None:
                 cmd += [flag, str(value)]
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", FDSL_PROGRESS="0")

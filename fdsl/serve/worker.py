@@ -174,6 +174,7 @@ class Worker:
     def options(self, program) -> None:
         program.options["step_limit"] = self.args.step_limit
         program.options["size_limit"] = self.args.size_limit
+        program.options["time_limit"] = getattr(self.args, "time_limit", None)
         program.options["progress"] = False
 
     def start(self) -> list:
@@ -229,6 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--file")
     p.add_argument("--step-limit", type=int)
     p.add_argument("--size-limit", type=int)
+    p.add_argument("--time-limit", type=float, help="seconds one command may run: also what a training run "
+                   "or a solve may be estimated to take")
     p.add_argument("--memory-limit", type=int, help="MiB of address space")
     args = p.parse_args(argv)
 

@@ -208,9 +208,9 @@ def _static_check(rule: Rule) -> None:
         if isinstance(q, P.Op) and q.op not in _STRUCTURAL:
             spec = O.OPS.get(q.op)
             if spec is None or spec.arity is None:
-                raise Skip("the checker knows no shape rule for operator %s" % q.op)
+                raise Skip("the checker knows no shape rule for operator %s" % O.shown(q.op))
             if spec.numpy is None:
-                raise Skip("operator %s has no numpy implementation to evaluate" % q.op)
+                raise Skip("operator %s has no numpy implementation to evaluate" % O.shown(q.op))
 
 
 # ---- one trial ----------------------------------------------------------------------------------

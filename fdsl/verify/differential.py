@@ -63,6 +63,7 @@ from ..backends.values import program_values
 from ..base.errors import FdslError
 from ..calculus.forms import weights
 from ..core import terms as T
+from ..core.ops import shown as op_name
 from ..lang.program import parse
 
 #: the normal forms every case is lowered from: name -> strategies applied in turn
@@ -254,7 +255,7 @@ def _kink_at_the_point(L, values, dims) -> Optional[str]:
             near = (np.abs(x) < KINK) & (x != 0)
             if near.any():
                 return ("an argument of %s is 0 up to rounding (%.1g) at the point: no derivative there"
-                        % (node.op, float(np.max(np.abs(x[near])))))
+                        % (op_name(node.op), float(np.max(np.abs(x[near])))))
     return None
 
 

@@ -97,26 +97,22 @@ def operators() -> dict:
         path = EXAMPLES / name
         if not path.exists():
             continue
-        before = set(OPS)
-        parse('rules "%s"\n' % name, "<fuzz>", EXAMPLES)
-        for op in set(OPS) - before:
-            origin[op] = name
-        for op, spec in OPS.items():  # loaded in an earlier program: still this file's
-            if spec.user and op not in origin:
-                origin[op] = name
+        for op in parse('rules "%s"\n' % name, "<fuzz>", EXAMPLES).rulebook.operators.values():
+            origin.setdefault(op, name)  # (a file the earlier ones import declared it first)
     probe = parse("".join('rules "%s"\n' % f for f in sorted(set(origin.values()))) +
                   "dim p = 2, q = 3\nweight P : p x q\n", "<fuzz>", EXAMPLES)
     weight = probe.symbols["P"]
     found = {}
+    own = set(probe.rulebook.operators.values())  # (other programs' operators are not the probe's)
     for op, spec in OPS.items():
-        if spec.kind != "function" or op in EXCLUDED:
+        if spec.kind != "function" or op in EXCLUDED or (spec.user and op not in own):
             continue
         if spec.numpy is None:
             _UNCOVERED[op] = "no numpy implementation"
             continue
         arity = spec.arity
         if spec.rows and arity == 1:
-            found[op] = OpInfo(op, 1, True, origin.get(op), rows=True)
+            found[op] = OpInfo(spec.shown, 1, True, origin.get(op), rows=True)
             continue
         if arity is None or not _keeps_shape(spec, weight, arity):
             _UNCOVERED[op] = "its shape rule does not keep one common shape: teach fdsl/verify/fuzz.py its shapes"
@@ -124,7 +120,7 @@ def operators() -> dict:
         term = T.make(op, [weight] * arity)
         expanded = probe.apply_rules("expandAll", T.d(term))
         differentiable = not any(n.op == "d" and n.args[0].op != "sym" for n in T.postorder(expanded))
-        found[op] = OpInfo(op, arity, differentiable, origin.get(op), positive=spec.positive)
+        found[op] = OpInfo(spec.shown, arity, differentiable, origin.get(op), positive=spec.positive)
     _OPS = found
     return found
 
