@@ -775,3 +775,23 @@ def test_the_loss_alone_under_no_grad_is_the_forward_sweep():
     values = dict(X=X, Y=Y, **dict(model.named_weights()))
     with torch.no_grad():
         assert abs(float(ns["loss"](values)) - float(trained)) <= 1e-12 * abs(float(trained))
+
+
+def test_the_mask_is_added_into_the_scores():
+    # P = _bmm(...) read only by Y = P + Z: Y = _add_into(P, Z) where Z broadcasts to P (the causal
+    # mask added to the scores); not where Z is the larger, nor when P is read again
+    from fdsl.backends.fusion import Stmt
+    from fdsl.backends.kernels import added_in_place
+
+    body = [Stmt("p", "p = _bmm(A, B)", ("A", "B")), Stmt("y", "y = p + M", ("p", "M")),
+            Stmt("q", "q = A @ B", ("A", "B")), Stmt("z", "z = Big + q", ("Big", "q"))]
+    out = added_in_place(body, {"y", "z"})
+    assert [st.code for st in out] == ["p = _bmm(A, B)", "y = _add_into(p, M)", "q = A @ B", "z = _add_into(q, Big)"]
+    assert added_in_place(body + [Stmt("w", "w = p * 2.0", ("p",))], {"y", "z", "w"})[1] == body[1]
+    gen = torch.Generator().manual_seed(10)
+    env = {"A": torch.randn(3, 4, 5, generator=gen, dtype=torch.float64),
+           "B": torch.randn(3, 5, 4, generator=gen, dtype=torch.float64),
+           "M": torch.triu(torch.full((4, 4), float("-inf"), dtype=torch.float64), 1),
+           "Big": torch.randn(2, 3, 4, 4, generator=gen, dtype=torch.float64)}
+    want, got = _run(body, env), _run(out, env)
+    assert torch.equal(want["y"], got["y"]) and torch.allclose(want["z"], got["z"]) and got["z"].shape == (2, 3, 4, 4)

@@ -81,14 +81,14 @@ def loss(values: dict):
 
 
 class _FlatLoss(torch.autograd.Function):
-    """FdslLoss for a Model: the weights come as the views of one flat tensor, and the backward
-    writes every gradient into one flat tensor (one copy call for all weights)."""
+    """FdslLoss for a Model: the weights come as views of one flat tensor, and the backward writes
+    every gradient into one flat tensor with one copy call."""
 
     @staticmethod
-    def forward(ctx, shapes, scalars, flat, *data):
+    def forward(ctx, shapes, scalars, views, flat, *data):
         values = dict(scalars)
         values.update(zip(_DATA_NAMES, data))
-        values.update(zip(WEIGHTS, _views(flat, shapes)))
+        values.update(zip(WEIGHTS, views if views is not None else _views(flat, shapes)))
         g, value = grads_and_loss(values)
         ctx.grads, ctx.shapes = g, shapes
         return value
@@ -97,15 +97,24 @@ class _FlatLoss(torch.autograd.Function):
     def backward(ctx, grad_loss):
         g, shapes = ctx.grads, ctx.shapes
         del ctx.grads, ctx.shapes
-        flat = torch.empty(sum(_numel(s) for s in shapes), dtype=grad_loss.dtype, device=grad_loss.device)
+        if torch.compiler.is_compiling():
+            flat = torch.empty(sum(_numel(s) for s in shapes), dtype=grad_loss.dtype, device=grad_loss.device)
+            views = _views(flat, shapes)
+        else:  # one buffer and its views, made once (autograd copies what it hands to .grad)
+            key = (grad_loss.dtype, grad_loss.device, shapes)
+            if key not in _BUFFERS:
+                _BUFFERS.clear()
+                flat = torch.empty(sum(_numel(s) for s in shapes), dtype=grad_loss.dtype, device=grad_loss.device)
+                _BUFFERS[key] = (flat, _views(flat, shapes))
+            flat, views = _BUFFERS[key]
         parts = [x if torch.is_tensor(x) and tuple(x.shape) == s else torch.as_tensor(x, dtype=flat.dtype,
                  device=flat.device).reshape(s) for x, s in ((g[name], s) for name, s in zip(WEIGHTS, shapes))]
-        torch._foreach_copy_(_views(flat, shapes), parts)
-        flat.mul_(-grad_loss)
-        return (None, None, flat) + (None,) * len(_DATA_NAMES)
+        torch._foreach_copy_(views, parts)
+        return (None, None, None, flat * -grad_loss) + (None,) * len(_DATA_NAMES)
 
 
 _DATA_NAMES = tuple(name for name in TRAINED if name not in WEIGHTS)  # the inputs that are not weights
+_BUFFERS: dict = {}  # (dtype, device, shapes) -> (a flat gradient buffer, its views by weight)
 
 
 def _numel(shape):
@@ -148,6 +157,7 @@ class Model(torch.nn.Module):
             values.append(value)
         self.shapes = tuple(tuple(v.shape) for v in values)  # of each weight, in the order of WEIGHTS
         self.flat = torch.nn.Parameter(torch.cat([v.reshape(-1) for v in values]))
+        self._views = (None, None)  # (where flat was, the weights as views of it)
 
     def named_weights(self):
         """(printed name, the weight as a view of ``flat``) for every weight."""
@@ -169,7 +179,13 @@ class Model(torch.nn.Module):
             values.update(self.named_weights())
             return grads_and_loss(values, False)[1]
         scalars = {name: v for name, v in data.items() if name not in _DATA_NAMES}
-        return _FlatLoss.apply(self.shapes, scalars, self.flat, *(data[name] for name in _DATA_NAMES))
+        views = None
+        if not torch.compiler.is_compiling():  # the views of the weights, made again only when flat moves
+            key = (self.flat.data_ptr(), self.flat.dtype, self.flat.device)
+            if self._views[0] != key:
+                self._views = (key, _views(self.flat.detach(), self.shapes))
+            views = self._views[1]
+        return _FlatLoss.apply(self.shapes, scalars, views, self.flat, *(data[name] for name in _DATA_NAMES))
 '''
 
 

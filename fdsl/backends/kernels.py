@@ -222,3 +222,35 @@ def logsoftmax_backwards(body: list, kept: set) -> list:
     if not replace:
         return body
     return [replace.get(k, st) for k, st in enumerate(body) if k not in drop]
+
+
+# ---- a sum into a product that dies there ----------------------------------------------------------
+
+_FRESH = re.compile(r"(\w+) = (?:_bmm\(.*\)|[\w.]+ @ [\w.]+)\Z")
+
+
+def added_in_place(body: list, kept: set) -> list:
+    """``P = A @ B`` (or ``_bmm``: a new array) read only by ``Y = P + Z``: ``Y = _add_into(P, Z)``,
+    Z added into P where it broadcasts to P's shape (the attention mask added to the scores, as
+    autograd's ``masked_fill_``), one array fewer to allocate and fill. ``kept``: variables read
+    after the body."""
+    reads: dict = {}
+    defs: dict = {}
+    for i, st in enumerate(body):
+        for u in st.uses:
+            reads.setdefault(u, []).append(i)
+        for t in targets(st):
+            defs.setdefault(t, []).append(i)
+    out = list(body)
+    for j, st in enumerate(body):
+        m = _ADD.match(st.code)
+        if not m:
+            continue
+        y, a, b = m.groups()
+        for p, z in ((a, b), (b, a)):
+            d = defs.get(p, [])
+            if len(d) == 1 and d[0] < j and _FRESH.match(body[d[0]].code) and p not in kept \
+                    and [r for r in reads.get(p, ()) if r != d[0]] == [j] and z.split(".")[0] != p:
+                out[j] = Stmt(y, "%s = _add_into(%s, %s)" % (y, p, z), st.uses)
+                break
+    return out

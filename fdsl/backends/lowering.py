@@ -80,7 +80,7 @@ from .fusion import (
     unlet,
 )
 from .heads import grouped_kinds, side_by_side
-from .kernels import added_products, affine_layernorms, logsoftmax_backwards
+from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
 from .products import Products, _Ref, canon
 from .schedule import early_results
 from .targets import DTYPES, TARGETS
@@ -423,6 +423,7 @@ class Lowering(Products, ModuleWriter):
             self.body = stacked_heads(self.body, self._batched_vars(), shapes, returned)
             returned = set(returned)
             self.body = added_products(side_by_side(grouped_kinds(self.body), returned), returned)
+            self.body = added_in_place(self.body, returned)
             self.body = logsoftmax_backwards(affine_layernorms(self.body, returned), returned)
         loss = {self.ref(self.loss).var} if self.loss is not None else set()
         self.body = early_results(self.body, returned | loss)  # each gradient when its adjoint is known

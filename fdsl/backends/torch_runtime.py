@@ -186,6 +186,14 @@ def _addmm(C, A, B):
     return C + A @ B
 
 
+def _add_into(P, Z):
+    """P + Z, added into P (a new array read nowhere else) where Z broadcasts to P's shape."""
+    if torch.is_tensor(Z) and Z.dtype == P.dtype and Z.dim() <= P.dim() and all(
+            z in (1, p) for z, p in zip(Z.shape[::-1], P.shape[::-1])):  # (torch.broadcast_shapes is slow)
+        return P.add_(Z)
+    return P + Z
+
+
 def _grouped_heads(A, Bs, h):
     """A [B_1 ... B_kh] (the h heads of each of k kinds, kind by kind) as k stacks of heads
     (..., h, rows, cols): views of the one product, no copies."""
