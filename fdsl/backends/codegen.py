@@ -100,7 +100,7 @@ class _FlatLoss(torch.autograd.Function):
         if torch.compiler.is_compiling():
             flat = torch.empty(sum(_numel(s) for s in shapes), dtype=grad_loss.dtype, device=grad_loss.device)
             views = _views(flat, shapes)
-        else:  # one buffer and its views, made once (autograd copies what it hands to .grad)
+        else:  # one buffer and its views, made once (what .grad gets is the new scaled tensor)
             key = (grad_loss.dtype, grad_loss.device, shapes)
             if key not in _BUFFERS:
                 _BUFFERS.clear()
