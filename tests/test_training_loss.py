@@ -573,9 +573,13 @@ def test_the_grouped_heads_product_gives_its_kinds_as_views():
             Stmt("k_h", "k_h = torch.stack((a2, a5,), -3)", ("a2", "a5")),
             Stmt("v_h", "v_h = torch.stack((a6, a3,), -3)", ("a6", "a3")),  # heads in another order
             Stmt("r", "r = _bmm(_bmm(q_h, k_h.mT), v_h)", ("q_h", "k_h", "v_h"))]
-    out = grouped_kinds(body)
+    shapes = {k: (4, 2) for k in ("Q0", "K0", "V0", "Q1", "K1", "V1")}
+    out = grouped_kinds(body, shapes)
     assert [st.code for st in out] == ["q_h, k_h, v_h = _grouped_heads(S, (Q0, Q1, K0, K1, V1, V0,), 2)",
                                        body[-1].code], out
+    # values of another width than queries and keys (or widths not known): left as it is
+    assert grouped_kinds(body, {**shapes, "V0": (4, 3), "V1": (4, 3)}) == body
+    assert grouped_kinds(body, {}) == body
     g = torch.Generator().manual_seed(5)
     for lead in ((3,), ()):  # a batch, and one example
         env = {"S": torch.randn(*lead, 5, 4, generator=g, dtype=torch.float64)}
@@ -583,7 +587,8 @@ def test_the_grouped_heads_product_gives_its_kinds_as_views():
                     for k in ("Q0", "K0", "V0", "Q1", "K1", "V1")})
         assert torch.allclose(_run(body, env)["r"], _run(out, env)["r"], atol=1e-12)
     # a slice read by anything but a stack: left as it is
-    assert grouped_kinds(body + [Stmt("z", "z = a1 + 1.0", ("a1",))]) == body + [Stmt("z", "z = a1 + 1.0", ("a1",))]
+    assert grouped_kinds(body + [Stmt("z", "z = a1 + 1.0", ("a1",))], shapes) == body + [Stmt("z", "z = a1 + 1.0",
+                                                                                                ("a1",))]
 
 
 def test_the_heads_of_stacks_are_read_side_by_side():
@@ -595,7 +600,12 @@ def test_the_heads_of_stacks_are_read_side_by_side():
             Stmt("g1", "g1, g2, g3, g4 = _grouped_total(S.mT, (a_s, b_s, c, e,), _nb)", ("S", "a_s", "b_s", "c", "e")),
             Stmt("G", "G = _sum_of_products((c, a_s, e, b_s,), (P1, P2, P3, P4,))", ("c", "a_s", "e", "b_s")),
             Stmt("r1", "r1, r2 = _grouped_total_rows((c.mT, e.mT,), H, _nb)", ("c", "e", "H"))]
-    out = side_by_side(body, {"g1", "g2", "g3", "g4", "G", "r1", "r2"})
+    shapes = {k: (5, 4) for k in "abce"}
+    out = side_by_side(body, {"g1", "g2", "g3", "g4", "G", "r1", "r2"}, shapes)
+    # heads of unequal widths are not put side by side (the matrix is cut evenly again)
+    mixed = "\n".join(st.code for st in side_by_side(body, {"g1", "g2", "g3", "g4", "G", "r1", "r2"},
+                                                     {**shapes, "c": (5, 3), "e": (5, 3)}))
+    assert "_grouped_total(S.mT" in mixed and "_sum_of_products(" in mixed, mixed
     code = "\n".join(st.code for st in out)
     assert "unbind" not in code and "_grouped_total" not in code and "_sum_of_products" not in code, code
     assert code.count("_side_by_side(") == 2 and code.count("0.5 * ") == 1, code  # (a_s, b_s) scaled once
@@ -795,3 +805,29 @@ def test_the_mask_is_added_into_the_scores():
            "Big": torch.randn(2, 3, 4, 4, generator=gen, dtype=torch.float64)}
     want, got = _run(body, env), _run(out, env)
     assert torch.equal(want["y"], got["y"]) and torch.allclose(want["z"], got["z"]) and got["z"].shape == (2, 3, 4, 4)
+
+
+def test_heads_whose_values_are_wider_than_their_keys_agree_with_autograd():
+    # value heads of another width than the query and key heads: the stacked and side-by-side
+    # passes must not cut them evenly; gradients against torch autograd, a batch and one example
+    from fdsl.calculus.gradients import loss_of
+
+    p = fdsl.parse(HEADS.replace("dim n = 6, d = 16, k = 4", "dim n = 6, d = 16, k = 4, v = 6")
+                   .replace("Q[j], K[j], V[j] : d x k, O[j] : k x d",
+                            "Q[j], K[j] : d x k\nweight V[j] : d x v, O[j] : v x d"))
+    ns = codegen.compile_namespace(codegen.gradients_source(p.normal_form(p["w"]), p.dims, "test", "torch",
+                                                            loss=loss_of(p["w"])))
+    rng = np.random.default_rng(15)
+    vals = {"X": rng.standard_normal((3, 6, 16)), "Y": rng.random((3, 6, 16)), "E": rng.standard_normal((16, 16)) / 4,
+            **{"%s_%d" % (w, j): rng.standard_normal((16, 4)) / 4 for w in "QK" for j in range(2)},
+            **{"V_%d" % j: rng.standard_normal((16, 6)) / 4 for j in range(2)},
+            **{"O_%d" % j: rng.standard_normal((6, 16)) / 2 for j in range(2)}}
+    for batch in (vals, {k: v[0] if k in "XY" else v for k, v in vals.items()}):
+        t = {k: torch.tensor(v, requires_grad=k not in "XY") for k, v in batch.items()}
+        _heads_loss(t).backward()
+        with torch.no_grad():
+            got, value = ns["grads_and_loss"]({k: v.detach() for k, v in t.items()})
+        assert abs(float(value) - float(_heads_loss(t).detach())) <= 1e-12 * abs(float(value))
+        for k in t:
+            if k not in "XY":
+                assert torch.allclose(-got[k], t[k].grad, rtol=1e-9, atol=1e-12), k

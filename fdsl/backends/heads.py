@@ -42,11 +42,24 @@ def _list(text: str) -> list:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def grouped_kinds(body: list) -> list:
+def _width(shapes: dict, x: str):
+    """The number of columns of the matrix ``x`` (a variable or its ``.mT``), or None if unknown."""
+    flip = x.endswith(".mT")
+    shape = shapes.get(x[:-3] if flip else x)
+    return None if shape is None else shape[0 if flip else 1]
+
+
+def _alike(widths) -> bool:
+    """All known and the same (the same dim, or the same number): the pieces split evenly."""
+    return None not in widths and len(set(widths)) == 1
+
+
+def grouped_kinds(body: list, shapes: dict) -> list:
     """``a_1, ..., a_3h = _grouped(A, (B_1, ..., B_3h))`` whose results are read only by stacks
     of h heads, ``q_h = torch.stack((a_1, a_4, ...), -3)``, becomes ``q_h, k_h, v_h =
     _grouped_heads(A, (the B of q_h's heads, then k_h's, v_h's), h)``: the stacks are views of the
-    one product, not copies of its slices."""
+    one product, not copies of its slices. ``shapes``: variable -> (rows, cols); operands of
+    widths not known to be equal are left as they are (the views cut the product evenly)."""
     reads: dict = {}
     for i, st in enumerate(body):
         for u in st.uses:
@@ -70,7 +83,8 @@ def grouped_kinds(body: list) -> list:
         members = [v for _, heads in kinds for v in heads]
         if any(len(heads) != h for _, heads in kinds) or sorted(members) != sorted(outs) or len(set(outs)) != len(outs):
             continue
-        if any(reads.get(v) != [j] for j in readers for v in stacks[j][1]):
+        if any(reads.get(v) != [j] for j in readers for v in stacks[j][1]) or not _alike(
+                [_width(shapes, b) for b in bs]):
             continue
         where = {v: k for k, v in enumerate(outs)}
         order = [bs[where[v]] for v in members]
@@ -84,15 +98,18 @@ def grouped_kinds(body: list) -> list:
     return [replace.get(i, st) for i, st in enumerate(body) if i not in drop]
 
 
-def side_by_side(body: list, kept: set) -> list:
+def side_by_side(body: list, kept: set, shapes: dict) -> list:
     """Grouped products and sums of products over the heads of stacks (see the module doc) read one
     side-by-side matrix of the stacks instead of their heads one by one. ``kept``: variables read
-    after the body (never removed)."""
+    after the body (never removed); ``shapes``: variable -> (rows, cols): only heads of widths
+    known to be equal are put side by side (the matrix is cut evenly again)."""
     heads: dict = {}  # element -> (stack, head index, number of heads)
     for st in body:
         m = _UNBIND.match(st.code)
         if m:
             names = _list(m.group(1))
+            if not _alike([_width(shapes, v) for v in names]):
+                continue
             for k, v in enumerate(names):
                 heads[v] = (m.group(2), k, len(names))
     if not heads:
@@ -102,6 +119,7 @@ def side_by_side(body: list, kept: set) -> list:
         m = _SCALE.match(st.code)
         if m and m.group(3) in heads:
             scaled[m.group(1)] = heads[m.group(3)] + (m.group(2),)
+    widths = {s: _width(shapes, v) for v, (s, _, _) in heads.items()}  # stack -> its heads' width
     elements = {v: (s, k, h, None) for v, (s, k, h) in heads.items()}
     elements.update(scaled)
 
@@ -125,7 +143,7 @@ def side_by_side(body: list, kept: set) -> list:
                 slots[(s, k, c)] = offset + k
             offset += h
         where = [slots[(s, k, c or "")] for s, k, h, c in found]
-        if sorted(where) != list(range(offset)):
+        if sorted(where) != list(range(offset)) or not _alike([widths[s] for s, _, _ in groups]):
             return None
         return [groups, where]
 
