@@ -633,6 +633,9 @@ def test_a_product_added_to_a_matrix_is_one_addmm():
     out = added_products(body, {"z"})
     assert [st.code for st in out] == ["y = _addmm(X, A, B)", "z = _addmm(r, y, B2)"], out
     assert added_products(body + [Stmt("w", "w = p * 2.0", ("p",))], set())[0] == body[0]
+    # an operand updated in place between the product and the sum: they stay apart
+    moved = [body[0], Stmt("A", "A += V", ("A", "V")), body[1]]
+    assert added_products(moved, {"y"}) == moved
     g = torch.Generator().manual_seed(7)
     for a_lead, x_lead in (((3,), (3,)), ((), ()), ((3,), ())):
         env = {"A": torch.randn(*a_lead, 5, 4, generator=g, dtype=torch.float64),

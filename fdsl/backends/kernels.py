@@ -55,9 +55,8 @@ def added_products(body: list, kept: set) -> list:
         for x, p in ((a, b), (b, a)):
             if p in products and reads.get(p) == [j] and x.split(".")[0] != p:
                 i, left, right = products[p]
-                if any(w in body[k].code.split(" = ")[0].split(", ") for k in range(i + 1, j)
-                       for w in (x.split(".")[0],)):
-                    continue  # X changes between the product and the sum: keep them apart
+                if any(set(targets(body[k])) & set(body[i].uses) for k in range(i + 1, j)):
+                    continue  # A or B changes between the product and the sum: keep them apart
                 uses = tuple(dict.fromkeys((x.split(".")[0],) + tuple(u for u in body[i].uses)))
                 out[j] = Stmt(y, "%s = _addmm(%s, %s, %s)" % (y, x, left, right), uses)
                 drop.add(i)
@@ -215,7 +214,7 @@ def logsoftmax_backwards(body: list, kept: set) -> list:
         if soft is None or rows is None or rows.group(2) != b or soft.group(2) not in logs:
             continue
         k, log = logs[soft.group(2)]
-        if k > j or any(reads.get(v) != [fh[0]] or v in kept for v in (p, r)):
+        if k > j or len(where.get(log, ())) != 1 or any(reads.get(v) != [fh[0]] or v in kept for v in (p, r)):
             continue
         replace[j] = Stmt(d, "%s = _dlogsoftmax_given(%s, %s)" % (d, log, b), (log, b.split(".")[0]))
         drop |= {fh[0], fp[0], fr[0]}
