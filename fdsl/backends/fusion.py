@@ -141,7 +141,7 @@ def product_parts(code: str):
     return None
 
 
-def _index(body):
+def index(body):
     """(variable -> the statements that assign it, variable -> the statements that read it)."""
     writes: dict = {}
     reads: dict = {}
@@ -222,7 +222,7 @@ def group_products(body: list) -> list:
 
 
 def _place_group(body, kind, side, shared, members) -> Optional[list]:
-    writes, reads = _index(body)
+    writes, reads = index(body)
     uses = {i: [u for u in body[i].uses if u not in targets(body[i])] for i in members}
     if {body[i].target for i in members} & {u for i in members for u in uses[i]}:
         return None  # one member reads another's result: X (X W)^t beside X W
@@ -280,7 +280,7 @@ def _sum_at(body, head, batched=None) -> Optional[list]:
             break
         terms.append((more.group(2), more.group(3)))
         end += 1
-    writes, reads = _index(body)
+    writes, reads = index(body)
     members = []  # (position in terms, the statement of its product, left, right)
     for k, (sign, expr) in enumerate(terms):
         name = expr[:-3] if expr.endswith(".mT") else expr
@@ -361,7 +361,7 @@ def transposed_reads(body: list, kept: set, batched: Optional[set] = None) -> li
     nor where a batch would leave the left side (``batched``: the variables that may carry one,
     for a target that folds a batch on the left into one product). ``kept``: variables read
     outside the body (the results), left as they are."""
-    writes, reads = _index(body)
+    writes, reads = index(body)
     out = list(body)
     for i in range(len(out)):
         st = out[i]  # as an earlier turn left it
@@ -401,7 +401,7 @@ def shared_scalings(body: list) -> list:
     it, ``(c * v.mT)``, ``(c * v).mT``), scaled once: ``v_s = c * v`` before the first of them,
     which read ``v_s`` (or ``v_s.mT``). The products of an attention's backward read the scaled
     scores both in a weight's gradient and in the adjoint of the layer below."""
-    writes, _ = _index(body)
+    writes, _ = index(body)
     seen: dict = {}  # (number, variable) -> the statements that scale it
     for i, st in enumerate(body):
         for m in _SCALED.finditer(st.code):
@@ -496,7 +496,7 @@ def stacked_heads(body: list, batched: set, shapes: dict, kept: set) -> list:
     ``batched``: the variables that may carry a batch axis; ``shapes``: variable -> its shape
     (stacked operands must agree in shape and batch); ``kept``: variables read after the body."""
     temps = [_template(st) for st in body]
-    writes, reads = _index(body)
+    writes, reads = index(body)
     stacks: dict = {}  # tuple of variables -> (the stack of them, as a variable), for reuse
     taken = {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
     out: list = []

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .fusion import Stmt, targets
+from .fusion import Stmt, index, targets
 
 _UNBIND = re.compile(r"(\w+(?:, \w+)+) = (\w+)\.unbind\(-3\)\Z")
 _SCALE = re.compile(r"(\w+) = (-?[\d.]+(?:e-?\d+)?) \* (\w+)\Z")
@@ -60,10 +60,7 @@ def grouped_kinds(body: list, shapes: dict) -> list:
     _grouped_heads(A, (the B of q_h's heads, then k_h's, v_h's), h)``: the stacks are views of the
     one product, not copies of its slices. ``shapes``: variable -> (rows, cols); operands of
     widths not known to be equal are left as they are (the views cut the product evenly)."""
-    reads: dict = {}
-    for i, st in enumerate(body):
-        for u in st.uses:
-            reads.setdefault(u, []).append(i)
+    _, reads = index(body)
     stacks = {}
     for i, st in enumerate(body):
         m = _STACK.match(st.code)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .fusion import Stmt, targets, transposed
+from .fusion import Stmt, index, targets, transposed
 
 _ADD = re.compile(r"(\w+) = ([\w.]+) \+ ([\w.]+)\Z")
 _SIMPLE = re.compile(r"[\w.]+\Z|\([^()]*\)(?:\.mT)?\Z")
@@ -35,10 +35,7 @@ def added_products(body: list, kept: set) -> list:
     multiplies, as ``nn.Linear`` does its bias, one pass over the result fewer. The runtime's
     ``_addmm`` falls back to ``X + A @ B`` where the shapes do not fold (a matrix beside a batch).
     ``kept``: variables read after the body."""
-    reads: dict = {}
-    for i, st in enumerate(body):
-        for u in st.uses:
-            reads.setdefault(u, []).append(i)
+    _, reads = index(body)
     products = {}
     for i, st in enumerate(body):
         head, _, code = st.code.partition(" = ")
@@ -98,13 +95,7 @@ def affine_layernorms(body: list, kept: set) -> list:
     frame (``U = (G^t * g.mT)`` read as ``U.mT``, sums over -1 transposed). A layer norm where any
     of these is missing, or whose X, M or U something else reads, stays as it is. ``kept``:
     variables read after the body."""
-    reads: dict = {}
-    defs: dict = {}  # variable -> the statements that assign it (in place too)
-    for i, st in enumerate(body):
-        for u in st.uses:
-            reads.setdefault(u, []).append(i)
-        for t in targets(st):
-            defs.setdefault(t, []).append(i)
+    defs, reads = index(body)  # (variable -> the statements that assign it, in place too; ... that read it)
     hads = {i: m for i, st in enumerate(body) if (m := _HAD.match(st.code))}
     sums = {i: m for i, st in enumerate(body) if (m := _SUM_TOTAL.match(st.code))}
 
@@ -186,13 +177,7 @@ def logsoftmax_backwards(body: list, kept: set) -> list:
     cross-entropy's ``Y - softmax(Z) rowsum(Y)``), where the forward computed ``L =
     logsoftmax(Z)``: ``_dlogsoftmax_given(L, B)``, torch's fused log-softmax backward from L,
     instead of a softmax, a row sum, a product and a difference. ``kept``: variables read after."""
-    reads: dict = {}
-    where: dict = {}
-    for i, st in enumerate(body):
-        for u in st.uses:
-            reads.setdefault(u, []).append(i)
-        for t in targets(st):
-            where.setdefault(t, []).append(i)
+    where, reads = index(body)
     logs = {m.group(2): (i, m.group(1)) for i, st in enumerate(body) if (m := _LOGSOFTMAX.match(st.code))}
     replace, drop = {}, set()
     for j, st in enumerate(body):
@@ -233,13 +218,7 @@ def added_in_place(body: list, kept: set) -> list:
     Z added into P where it broadcasts to P's shape (the attention mask added to the scores, as
     autograd's ``masked_fill_``), one array fewer to allocate and fill. ``kept``: variables read
     after the body."""
-    reads: dict = {}
-    defs: dict = {}
-    for i, st in enumerate(body):
-        for u in st.uses:
-            reads.setdefault(u, []).append(i)
-        for t in targets(st):
-            defs.setdefault(t, []).append(i)
+    defs, reads = index(body)
     out = list(body)
     for j, st in enumerate(body):
         m = _ADD.match(st.code)

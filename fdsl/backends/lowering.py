@@ -86,9 +86,6 @@ from .schedule import early_results
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter
 
-#: the operators that act entry by entry (user operators do too: their templates are elementwise)
-_ELEMENTWISE = {"had", "div", "m", "exp", "log", "sqrt", "tanh", "sigmoid", "gelu", "dexp", "dlog", "dsqrt",
-                "dtanh", "dsigmoid", "dgelu", "ddgelu"}
 #: size assumed for a dim without one when choosing the order of products
 _GUESSED_SIZE = 64
 
@@ -622,7 +619,7 @@ class Lowering(Products, ModuleWriter):
     def _template(self, b: Term) -> _Ref:
         args = [self._matrix(self.ref(x)) for x in (self._hadamard_args(b) if b.op == "had" else b.args)]
         spec = OPS.get(b.op)
-        if (b.op in _ELEMENTWISE or spec is not None and spec.user) and all(a.flip for a in args):
+        if spec is not None and spec.elementwise and all(a.flip for a in args):
             # f(A^t, B^t) = f(A, B)^t entry by entry: computed on the stored matrices, read transposed
             # (a kernel over transposed views is a third slower: dgelu in a backward sweep)
             code = self._template_code(b, [a.t() for a in args])

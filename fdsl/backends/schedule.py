@@ -17,19 +17,14 @@ back to the allocator within the sweep and the next layer's arrays of the same s
 
 from __future__ import annotations
 
-from .fusion import targets
+from .fusion import index, targets
 
 
 def early_results(body: list, kept: set) -> list:
     """``body`` with every result (see the module doc) moved early; ``kept``: the variables the
     return reads (results are among them; a variable read after the body by anything else is
     never moved past)."""
-    defs: dict = {}
-    reads: set = set()
-    for i, st in enumerate(body):
-        for t in targets(st):
-            defs.setdefault(t, []).append(i)
-        reads.update(st.uses)
+    defs, reads = index(body)
     after: dict = {}  # index -> the results placed right after the statement at that index
     moved = set()
     for j, st in enumerate(body):

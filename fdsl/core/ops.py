@@ -76,6 +76,7 @@ class Op:
     params: tuple = field(default=())  # argument names, for documentation and rule files
     positive: tuple = ()  # argument positions where the operator is defined for positive entries only
     rows: bool = False  # a row reduction: (n x d) -> (n x 1)
+    elementwise: bool = False  # entry by entry, so f(A^t, B^t) = f(A, B)^t (user operators all are)
     where: str = field(default="", compare=False)  # a user operator's declaration, file:line
 
     @property
@@ -336,7 +337,7 @@ for _op in [
        doc="sum", numpy="({args_sum})"),
     Op("mul", None, _mul_shape, kind="struct", associative=True, doc="matrix product; scalars commute",
        numpy="_mul({args})"),
-    Op("had", None, _all_same("*"), kind="struct", associative=True, commutative=True,
+    Op("had", None, _all_same("*"), elementwise=True, kind="struct", associative=True, commutative=True,
        doc="Hadamard (componentwise) product A * B", numpy="({args_had})"),
     Op("t", 1, _transpose_shape, kind="struct", linear=(0,), doc="transpose A^t", numpy="{0}.mT"),
     Op("pow", 1, _scalar_only("power"), kind="struct", doc="a scalar to a rational power",
@@ -345,10 +346,10 @@ for _op in [
        doc="the differential: a matrix of 1-forms"),
     Op("trace", 1, _trace_shape, linear=(0,), latex=r"\operatorname{trace}", doc="trace",
        numpy="np.trace({0}, axis1=-2, axis2=-1)[..., None, None]"),
-    Op("m", 1, _same_as_first, latex="m", doc="relu: negative entries set to zero",
+    Op("m", 1, _same_as_first, elementwise=True, latex="m", doc="relu: negative entries set to zero",
        numpy="np.maximum({0}, 0.0)"),
     Op("a", 1, _same_as_first, latex="a", doc="row-wise softmax", numpy="_softmax({0})"),
-    Op("mm", 2, same_shape_args("mm"), linear=(1,), latex=r"\operatorname{mm}",
+    Op("mm", 2, same_shape_args("mm"), elementwise=True, linear=(1,), latex=r"\operatorname{mm}",
        doc="mm(A, B) = [A > 0] o B, so d(m(A)) = mm(A, d(A))", numpy="_mm({0}, {1})"),
     Op("aa", 2, same_shape_args("aa"), linear=(1,), latex=r"\operatorname{aa}",
        doc="aa(A, B) = S o (B - rowsum(S o B) 1^t), S = a(A), so d(a(A)) = aa(A, d(A))",
@@ -357,32 +358,33 @@ for _op in [
        doc="a named intermediate (E := ...): prints as its name, evaluates as its body"),
     # ---- elementwise functions and division (issue 12) ----
     Op("ones", 0, _leaf, kind="struct", doc="the matrix of ones of a shape: s + A is s ones(n, d) + A"),
-    Op("div", 2, _all_same("/"), kind="struct", linear=(0,), positive=(1,), numpy="({0} / {1})",
+    Op("div", 2, _all_same("/"), elementwise=True, kind="struct", linear=(0,), positive=(1,), numpy="({0} / {1})",
        doc="componentwise division A / B (B of A's shape; by a scalar it is a scalar multiple)"),
-    Op("exp", 1, _same_as_first, latex=r"\exp", numpy="np.exp({0})", doc="componentwise exponential"),
-    Op("log", 1, _same_as_first, latex=r"\log", numpy="np.log({0})", positive=(0,),
+    Op("exp", 1, _same_as_first, elementwise=True, latex=r"\exp", numpy="np.exp({0})", doc="componentwise exponential"),
+    Op("log", 1, _same_as_first, elementwise=True, latex=r"\log", numpy="np.log({0})", positive=(0,),
        doc="componentwise natural logarithm"),
-    Op("sqrt", 1, _same_as_first, latex=r"\operatorname{sqrt}", numpy="np.sqrt({0})", positive=(0,),
+    Op("sqrt", 1, _same_as_first, elementwise=True, latex=r"\operatorname{sqrt}", numpy="np.sqrt({0})", positive=(0,),
        doc="componentwise square root"),
-    Op("tanh", 1, _same_as_first, latex=r"\tanh", numpy="np.tanh({0})", doc="componentwise tanh"),
-    Op("sigmoid", 1, _same_as_first, latex=r"\sigma", numpy="_sigmoid({0})",
+    Op("tanh", 1, _same_as_first, elementwise=True, latex=r"\tanh", numpy="np.tanh({0})", doc="componentwise tanh"),
+    Op("sigmoid", 1, _same_as_first, elementwise=True, latex=r"\sigma", numpy="_sigmoid({0})",
        doc="componentwise logistic function 1 / (1 + exp(-A))"),
-    Op("gelu", 1, _same_as_first, latex=r"\operatorname{GELU}", numpy="_gelu({0})",
+    Op("gelu", 1, _same_as_first, elementwise=True, latex=r"\operatorname{GELU}", numpy="_gelu({0})",
        doc="componentwise GELU, exact: A o Phi(A), Phi the standard normal CDF (torch.nn.GELU())"),
     # their derivatives: f'(A) o B, linear in B, so d(f(A)) = df(A, d(A))
-    Op("dexp", 2, same_shape_args("dexp"), linear=(1,), numpy="np.exp({0}) * {1}",
+    Op("dexp", 2, same_shape_args("dexp"), elementwise=True, linear=(1,), numpy="np.exp({0}) * {1}",
        doc="dexp(A, B) = exp(A) o B, so d(exp(A)) = dexp(A, d(A))"),
-    Op("dlog", 2, same_shape_args("dlog"), linear=(1,), numpy="{1} / {0}", positive=(0,),
+    Op("dlog", 2, same_shape_args("dlog"), elementwise=True, linear=(1,), numpy="{1} / {0}", positive=(0,),
        doc="dlog(A, B) = B / A, so d(log(A)) = dlog(A, d(A))"),
-    Op("dsqrt", 2, same_shape_args("dsqrt"), linear=(1,), numpy="{1} / (2.0 * np.sqrt({0}))", positive=(0,),
+    Op("dsqrt", 2, same_shape_args("dsqrt"), elementwise=True, linear=(1,), numpy="{1} / (2.0 * np.sqrt({0}))",
+       positive=(0,),
        doc="dsqrt(A, B) = B / (2 sqrt(A)), so d(sqrt(A)) = dsqrt(A, d(A))"),
-    Op("dtanh", 2, same_shape_args("dtanh"), linear=(1,), numpy="_dtanh({0}, {1})",
+    Op("dtanh", 2, same_shape_args("dtanh"), elementwise=True, linear=(1,), numpy="_dtanh({0}, {1})",
        doc="dtanh(A, B) = (1 - tanh(A) o tanh(A)) o B, so d(tanh(A)) = dtanh(A, d(A))"),
-    Op("dsigmoid", 2, same_shape_args("dsigmoid"), linear=(1,), numpy="_dsigmoid({0}, {1})",
+    Op("dsigmoid", 2, same_shape_args("dsigmoid"), elementwise=True, linear=(1,), numpy="_dsigmoid({0}, {1})",
        doc="dsigmoid(A, B) = sigmoid(A) o (1 - sigmoid(A)) o B, so d(sigmoid(A)) = dsigmoid(A, d(A))"),
-    Op("dgelu", 2, same_shape_args("dgelu"), linear=(1,), numpy="_dgelu({0}, {1})",
+    Op("dgelu", 2, same_shape_args("dgelu"), elementwise=True, linear=(1,), numpy="_dgelu({0}, {1})",
        doc="dgelu(A, B) = (Phi(A) + A o phi(A)) o B, so d(gelu(A)) = dgelu(A, d(A))"),
-    Op("ddgelu", 2, same_shape_args("ddgelu"), linear=(1,), numpy="_ddgelu({0}, {1})",
+    Op("ddgelu", 2, same_shape_args("ddgelu"), elementwise=True, linear=(1,), numpy="_ddgelu({0}, {1})",
        doc="ddgelu(A, B) = phi(A) o (2 - A o A) o B, gelu's second derivative: "
            "d(dgelu(A, B)) = dgelu(A, d(B)) + ddgelu(A, d(A) * B)"),
     # ---- layer norm and log-softmax (row-wise) ----

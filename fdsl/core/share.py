@@ -362,18 +362,7 @@ class Sharing:
     def postorder(self, opaque=()):
         """Every node of the shared term once, let bodies included (but those of the lets in
         ``opaque``), children before parents."""
-        seen, stack = set(), [(self.term, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                yield node
-                continue
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            if node not in opaque:
-                stack.extend((c, False) for c in reversed(self.children(node)) if c not in seen)
+        return T.postorder(self.term, descend=lambda node: node not in opaque, children=self.children)
 
 
 def share(t: Term) -> Term:

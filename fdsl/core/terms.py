@@ -565,10 +565,11 @@ def coefficient(t: Term):
 # ---- traversal ---------------------------------------------------------------------------------
 
 
-def postorder(root: Term, descend=None) -> Iterator[Term]:
+def postorder(root: Term, descend=None, children=None) -> Iterator[Term]:
     """Every distinct node under ``root`` once, children before parents, without recursion.
 
-    ``descend(node)`` may return False to treat a node as a leaf (e.g. the body of a ``let``).
+    ``descend(node)`` may return False to treat a node as a leaf (e.g. the body of a ``let``);
+    ``children(node)`` gives what is under a node (default: its arguments).
     """
     seen = set()
     stack = [(root, False)]
@@ -582,7 +583,7 @@ def postorder(root: Term, descend=None) -> Iterator[Term]:
         seen.add(node)
         stack.append((node, True))
         if descend is None or descend(node):
-            for child in reversed(node.args):
+            for child in reversed(node.args if children is None else children(node)):
                 if child not in seen:
                     stack.append((child, False))
 

@@ -514,7 +514,7 @@ class RuleBook:
             template = _body_template(name, params, opts["body"], err, self.operator)
         op = O.Op(name, len(params), O.same_shape_args(name), linear=tuple(params.index(l) for l in opts["linear"]),
                   numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
-                  user=True, params=tuple(params), positive=tuple(sorted(positive)),
+                  user=True, elementwise=True, params=tuple(params), positive=tuple(sorted(positive)),
                   where="%s:%d" % (err.display, item["line"]))
         # A name means one operator in a rule book: a second declaration with another meaning would
         # change the values of the terms this program already built with the first, so it is refused.
