@@ -834,3 +834,22 @@ def test_heads_whose_values_are_wider_than_their_keys_agree_with_autograd():
         for k in t:
             if k not in "XY":
                 assert torch.allclose(-got[k], t[k].grad, rtol=1e-9, atol=1e-12), k
+
+
+def test_a_sum_spliced_from_a_named_residual_stream_is_lowered():
+    # unlet splices a named run of a flat sum into its parent: the run itself is then under no
+    # output, and the factoring of sums must not look it up (a KeyError once): gradients of a
+    # named residual encoder against the numpy evaluation of its gradient terms
+    from fdsl.backends.numpy_eval import Evaluator
+
+    p = fdsl.parse("dim n = 3\nconst X : n x n, Y : n x n\nweight W[i] : n x n\nv1 = m(X W[0])\n"
+                   "v2 = m(v1 W[1]) + X\nv3 := a(v2 W[2]) v2\nv4 = m(v3 W[3])\nv5 = m(v4 W[4]) + v2\n"
+                   "E = Y - v5\nw = form(E)\n")  # (hypothesis found it: tests/test_shared.py)
+    nf = p.expr("normal(w)")
+    rng = np.random.default_rng(16)
+    vals = {"X": rng.standard_normal((3, 3)), "Y": rng.standard_normal((3, 3)),
+            **{"W_%d" % i: rng.standard_normal((3, 3)) / 2 for i in range(5)}}
+    got = codegen.compile_gradients(nf, p.dims)(vals)
+    ev = Evaluator(vals, p.dims)
+    want = {k: ev.value(t) for k, t in codegen.gradient_terms(nf).items()}
+    assert _rel(got, want) <= 1e-12

@@ -162,10 +162,9 @@ class Lowering(Products, ModuleWriter):
                     self.let_names[base] = name + "".join("_%d" % i for i in index)
         order = nodes([plain[t] for t in self.outputs.values()] + ([plain[loss]] if loss is not None else []))
         fewer = factored(order)  # F A + F B as F (A + B) where A + B is computed anyway
-        plain = {n: fewer[p] for n, p in plain.items()}
-        self.outputs = {k: plain[t] for k, t in self.outputs.items()}
+        self.outputs = {k: fewer[plain[t]] for k, t in self.outputs.items()}
         if loss is not None:
-            self.loss = plain[loss]
+            self.loss = fewer[plain[loss]]
         self.nodes = nodes(list(self.outputs.values()) + ([self.loss] if loss is not None else []))
         self._order()
 
