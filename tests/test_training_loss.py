@@ -853,3 +853,23 @@ def test_a_sum_spliced_from_a_named_residual_stream_is_lowered():
     ev = Evaluator(vals, p.dims)
     want = {k: ev.value(t) for k, t in codegen.gradient_terms(nf).items()}
     assert _rel(got, want) <= 1e-12
+
+
+def test_an_operator_whose_value_is_not_entry_by_entry_is_not_computed_transposed(tmp_path):
+    # an operator defined in a rule file by a row-wise body (layernorm) is not elementwise: applied
+    # to a product the lowering stores the other way round, it must not be computed on the stored
+    # product and read transposed (a silent wrong answer once); against the numpy evaluation
+    from fdsl.backends.lowering import Lowering
+    from fdsl.core.ops import OPS
+
+    (tmp_path / "g.rules").write_text("operator g(A) = layernorm(A)\noperator h(A) = 2 tanh(A) * A\n")
+    p = fdsl.parse('rules "g.rules"\ndim n = 4, d = 3\nconst X : n x d\nweight W : d x d\n'
+                   "F = g(W^t X^t) + 2 g(X W)^t + h(W^t X^t)\n", base_dir=tmp_path)
+    shown = {spec.shown: spec.elementwise for spec in OPS.values() if spec.user}
+    assert shown["g"] is False and shown["h"] is True, shown
+    rng = np.random.default_rng(17)
+    vals = {"X": rng.standard_normal((4, 3)), "W": rng.standard_normal((3, 3))}
+    for target in ("numpy", "torch"):
+        ns = codegen.compile_namespace(Lowering({"F": p["F"]}, p.dims, target).source("test"))
+        got = ns["grads"]({k: torch.tensor(v) for k, v in vals.items()} if target == "torch" else vals)["F"]
+        assert np.allclose(np.asarray(got), evaluate(p["F"], vals, p.dims), atol=1e-12), target

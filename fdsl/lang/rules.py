@@ -510,11 +510,12 @@ class RuleBook:
             if arity != len(params):
                 raise err("numpy %s takes %d argument%s, but %s has %d" % (
                     fn, arity, "" if arity == 1 else "s", name, len(params)), where)
+        elementwise = True  # a numpy function of the table is; a body is if all it uses is
         if opts["body"] is not None:
-            template = _body_template(name, params, opts["body"], err, self.operator)
+            template, elementwise = _body_template(name, params, opts["body"], err, self.operator)
         op = O.Op(name, len(params), O.same_shape_args(name), linear=tuple(params.index(l) for l in opts["linear"]),
                   numpy=template, latex=_latex_head(opts["latex"]), doc=opts["doc"] or "user operator %s" % name,
-                  user=True, elementwise=True, params=tuple(params), positive=tuple(sorted(positive)),
+                  user=True, elementwise=elementwise, params=tuple(params), positive=tuple(sorted(positive)),
                   where="%s:%d" % (err.display, item["line"]))
         # A name means one operator in a rule book: a second declaration with another meaning would
         # change the values of the terms this program already built with the first, so it is refused.
@@ -754,10 +755,13 @@ def _check_depth(node: Node, what: str, err) -> None:
 _MAX_TEMPLATE = 20_000
 
 
-def _body_template(name, params, body: Node, err, operator) -> str:
-    """The numpy template of ``operator name(params) = body``, composed from the templates of the
-    operators the body uses (built in, from the numpy table, or declared before): fdsl's own text
-    and numbers, never the rule file's. The body is checked to keep its arguments' shape."""
+def _body_template(name, params, body: Node, err, operator) -> tuple:
+    """(the numpy template of ``operator name(params) = body``, whether it acts entry by entry):
+    the template composed from those of the operators the body uses (built in, from the numpy
+    table, or declared before), fdsl's own text and numbers, never the rule file's. The body is
+    checked to keep its arguments' shape. It acts entry by entry when every operator it uses does
+    and it multiplies no matrices (``layernorm(A)`` or ``A A^t A`` do not: transposing the
+    arguments does not transpose the result)."""
     _check_depth(body, "the value of operator %s" % name, err)
     pattern = _Compiler(err, operator, params)(body)
     rows, cols = "r", "c"  # symbolic sizes: the check holds for every shape
@@ -770,12 +774,16 @@ def _body_template(name, params, body: Node, err, operator) -> str:
         raise err("the value of operator %s has shape %s, not its arguments' shape (r x c)"
                   % (name, O.shape_str(shape)), body)
 
+    entrywise = [True]
+
     def compose(p):
         if isinstance(p, Var):
             return "({%d})" % params.index(p.name)
         if isinstance(p, Num):
             return "(%r)" % float(p.value)
         if isinstance(p, Word):
+            entrywise[0] = entrywise[0] and sum(not isinstance(q, Num) for q in p.items) <= 1  # c A is
+            # entry by entry, a product of matrices is not
             return "_mul(%s)" % ", ".join(compose(q) for q in p.items)
         if isinstance(p, Bag):
             return "(%s)" % (" + " if p.op == "add" else " * ").join(compose(q) for q in p.items)
@@ -785,6 +793,7 @@ def _body_template(name, params, body: Node, err, operator) -> str:
         if spec.numpy is None:
             raise err("the value of operator %s uses %s, which has no numbers (d is a differential)"
                       % (name, spec.shown), body)
+        entrywise[0] = entrywise[0] and spec.elementwise
         args = [compose(q) for q in p.args]
         data = "(%r)" % float(p.data) if p.data is not None else None
         return spec.numpy.format(*args, args=", ".join(args), args_sum=" + ".join(args),
@@ -794,7 +803,7 @@ def _body_template(name, params, body: Node, err, operator) -> str:
     if len(template) > _MAX_TEMPLATE:
         raise err("the value of operator %s expands to %d characters of numpy code (at most %d): "
                   "operators that use other operators many times multiply" % (name, len(template), _MAX_TEMPLATE), body)
-    return template
+    return template, entrywise[0]
 
 
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
