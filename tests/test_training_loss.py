@@ -460,6 +460,20 @@ def _heads_loss(t):
     return -(t["Y"] * torch.log_softmax(out, dim=-1)).sum()
 
 
+def _heads_against_autograd(ns, vals):
+    """The loss and gradients of the generated module ``ns`` against torch autograd of
+    ``_heads_loss``, on the batch of ``vals`` and on its first example."""
+    for batch in (vals, {k: v[0] if k in "XY" else v for k, v in vals.items()}):
+        t = {k: torch.tensor(v, requires_grad=k not in "XY") for k, v in batch.items()}
+        _heads_loss(t).backward()
+        with torch.no_grad():
+            got, value = ns["grads_and_loss"]({k: v.detach() for k, v in t.items()})
+        assert abs(float(value) - float(_heads_loss(t).detach())) <= 1e-12 * abs(float(value))
+        for k in t:
+            if k not in "XY":
+                assert torch.allclose(-got[k], t[k].grad, rtol=1e-9, atol=1e-12), k
+
+
 def test_torch_does_the_heads_of_an_attention_as_one_stacked_chain():
     # each head's scores, softmax and products are one statement on a stack of the heads (a head
     # axis before the last two), forward and backward; gradients against torch autograd
@@ -478,15 +492,7 @@ def test_torch_does_the_heads_of_an_attention_as_one_stacked_chain():
     vals = {"X": rng.standard_normal((3, 6, 16)), "Y": rng.random((3, 6, 16)), "E": rng.standard_normal((16, 16)) / 4,
             **{"%s_%d" % (w, j): rng.standard_normal((16, 4)) / 4 for w in "QKV" for j in range(2)},
             **{"O_%d" % j: rng.standard_normal((4, 16)) / 2 for j in range(2)}}
-    for batch in (vals, {k: v[0] if k in "XY" else v for k, v in vals.items()}):
-        t = {k: torch.tensor(v, requires_grad=k not in "XY") for k, v in batch.items()}
-        _heads_loss(t).backward()
-        with torch.no_grad():
-            got, value = ns["grads_and_loss"]({k: v.detach() for k, v in t.items()})
-        assert abs(float(value) - float(_heads_loss(t).detach())) <= 1e-12 * abs(float(value))
-        for k in t:
-            if k not in "XY":
-                assert torch.allclose(-got[k], t[k].grad, rtol=1e-9, atol=1e-12), k
+    _heads_against_autograd(ns, vals)
 
 
 def test_a_gradient_that_sums_an_axis_is_summed_over_the_batch_in_the_same_reduction():
@@ -825,15 +831,7 @@ def test_heads_whose_values_are_wider_than_their_keys_agree_with_autograd():
             **{"%s_%d" % (w, j): rng.standard_normal((16, 4)) / 4 for w in "QK" for j in range(2)},
             **{"V_%d" % j: rng.standard_normal((16, 6)) / 4 for j in range(2)},
             **{"O_%d" % j: rng.standard_normal((6, 16)) / 2 for j in range(2)}}
-    for batch in (vals, {k: v[0] if k in "XY" else v for k, v in vals.items()}):
-        t = {k: torch.tensor(v, requires_grad=k not in "XY") for k, v in batch.items()}
-        _heads_loss(t).backward()
-        with torch.no_grad():
-            got, value = ns["grads_and_loss"]({k: v.detach() for k, v in t.items()})
-        assert abs(float(value) - float(_heads_loss(t).detach())) <= 1e-12 * abs(float(value))
-        for k in t:
-            if k not in "XY":
-                assert torch.allclose(-got[k], t[k].grad, rtol=1e-9, atol=1e-12), k
+    _heads_against_autograd(ns, vals)
 
 
 def test_a_sum_spliced_from_a_named_residual_stream_is_lowered():

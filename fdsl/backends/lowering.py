@@ -290,8 +290,8 @@ class Lowering(Products, ModuleWriter):
             return [a, canon(b.args[1])[0]] + extra
         if op == "had":
             return [canon(x)[0] for x in self._hadamard_args(b)]
-        if op == "trace" and self._trace_word(b) is not None:  # trace(P Q): P and Q, not their product
-            return [x for x, _ in self._trace_word(b)]
+        if op == "trace" and (word := self._trace_word(b)) is not None:  # trace(P Q): P and Q, not P Q
+            return [x for x, _ in word]
         if op == "dlayernorm" and self.target.fused_layernorm:  # the statistics of the forward's
             a, fa = canon(b.args[0])
             extra = [self._layernorm_nodes[(a, fa)]] if (a, fa) in self._layernorm_nodes else []
@@ -560,10 +560,8 @@ class Lowering(Products, ModuleWriter):
         return word if coeff == 1.0 and not scalars and len(word) == 2 else None
 
     def _scalar_op(self, b: Term) -> _Ref:
-        if b.op == "trace" and self._trace_word(b) is not None:
-            args = []
-        else:
-            args = [self.ref(x) for x in b.args]
+        word = self._trace_word(b) if b.op == "trace" else None
+        args = [] if word is not None else [self.ref(x) for x in b.args]
         uses = [a.var for a in args]
         if b.op == "add":
             code = " + ".join("(%s)" % a.var for a in args)
@@ -571,8 +569,8 @@ class Lowering(Products, ModuleWriter):
             code = " * ".join("(%s)" % a.var for a in args)
         elif b.op == "pow":
             code = "(%s) ** %r" % (args[0].var, float(b.data))
-        elif b.op == "trace" and self._trace_word(b) is not None:
-            p, q = (self._factor(f) for f in self._trace_word(b))
+        elif word is not None:  # trace(P Q)
+            p, q = (self._factor(f) for f in word)
             code, uses = "_trace_product(%s, %s)" % (p.expr(), q.expr()), [p.var, q.var]
         elif b.op == "trace":
             code = "_trace(%s)" % args[0].expr()

@@ -170,6 +170,7 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
                 for n in names}
 
     got = report.gradients
+    torch_grads: dict = {}  # normal form name -> the torch module's grads, compiled once
     if use_torch is None:
         use_torch = torch_eval.available()
     if use_torch:
@@ -180,7 +181,8 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
         got["eval[%s]" % name] = full({W: ev.value(g) for W, g in codegen.gradient_terms(nf).items()})
         got["code[%s]" % name] = full(codegen.compile_gradients(nf, dims)(values) if weights(nf) else {})
         if use_torch and weights(nf):
-            got["torch-code[%s]" % name] = full(_torch_code(nf, dims, values))
+            torch_grads[name] = codegen.compile_namespace(codegen.gradients_source(nf, dims, target="torch"))["grads"]
+            got["torch-code[%s]" % name] = full(_torch_code(torch_grads[name], values))
     store = program_values(program)
     store.update(values)
     got["grad(w)"] = full(gradients(program, w))
@@ -197,17 +199,17 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
             if not err <= tol * report.scale:  # also catches NaN
                 report.disagreements.append((method, n, err / report.scale))
     if use_torch:
-        _batched_torch(report, nfs, L, leaves, values, dims, names, ref, sign, seed, tol, full)
+        _batched_torch(report, torch_grads, L, leaves, values, dims, names, ref, sign, seed, tol, full)
     if fd:
         _finite_differences(report, L, values, dims, names, ref, sign, seed, fd_tol)
     return report
 
 
-def _batched_torch(report, nfs, L, leaves, values, dims, names, ref, sign, seed, tol, full):
+def _batched_torch(report, torch_grads, L, leaves, values, dims, names, ref, sign, seed, tol, full):
     """``torch-batch[F]`` (see the module doc): skipped where the case has no data, or its second
     draw has no finite loss or sits at a kink."""
     data = [n for n, leaf in leaves.items() if leaf.data[0].kind == "const"]
-    if not data or not any(weights(nf) for nf in nfs.values()):
+    if not data or not torch_grads:
         return
     second = dict(values)
     second.update({k: v for k, v in draw_values(leaves, dims, seed + 7919).items() if k in data})
@@ -221,11 +223,9 @@ def _batched_torch(report, nfs, L, leaves, values, dims, names, ref, sign, seed,
     want = {n: ref[n] + float(sign) * tg[n] for n in names}
     scale = max([report.scale] + [float(np.max(np.abs(g))) for g in want.values() if g.size])
     batch = {k: np.stack([values[k], second[k]]) if k in data else v for k, v in values.items()}
-    for name, nf in nfs.items():
-        if not weights(nf):
-            continue
+    for name, grads in torch_grads.items():
         method = "torch-batch[%s]" % name
-        got = full(_torch_code(nf, dims, batch))  # (not among report.gradients: another point)
+        got = full(_torch_code(grads, batch))  # (not among report.gradients: another point)
         report.batch_closeness[method] = 0.0
         for n in names:
             err = float(np.max(np.abs(got[n] - want[n]))) if want[n].size else 0.0
@@ -234,12 +234,11 @@ def _batched_torch(report, nfs, L, leaves, values, dims, names, ref, sign, seed,
                 report.disagreements.append((method, n, err / scale))
 
 
-def _torch_code(nf, dims, values) -> dict:
-    """The gradients of the torch module ``fdsl codegen --target torch`` writes for ``nf``, in
-    float64, as numpy arrays."""
+def _torch_code(grads, values) -> dict:
+    """The gradients ``grads`` (a torch module's, as ``fdsl codegen --target torch`` writes it)
+    gives at ``values``, in float64, as numpy arrays."""
     import torch
 
-    grads = codegen.compile_namespace(codegen.gradients_source(nf, dims, target="torch"))["grads"]
     given = {k: torch.as_tensor(np.asarray(v, dtype=np.float64)) if np.ndim(v) else v for k, v in values.items()}
     return {k: np.asarray(v.detach().numpy() if torch.is_tensor(v) else v, dtype=np.float64)
             for k, v in grads(given).items()}
