@@ -14,7 +14,7 @@ more than 60 s or the one before took more than 20 s.
 
 Table 2, gradient evaluation: all weights, float64, one thread (the thread variables below are
 set before numpy is imported), for four (L, n, d, k, h). Columns: fdsl's generated code
-(``fdsl.backends.codegen``, the same source ``fdsl codegen`` writes), the hand-written numpy
+(``fdsl.codegen.generated``, the same source ``fdsl codegen`` writes), the hand-written numpy
 backprop of bench/handwritten.py, torch autograd on CPU (when torch is importable), and the forward
 pass alone (numpy). Before any timing, the answers are checked: fdsl's gradients are minus the hand
 backprop's (grad(form(E), W) = -dL/dW) to 1e-9 relative on every weight, and torch's agree too;
@@ -161,8 +161,8 @@ def make_values(L, n, d, k, h, seed=0) -> dict:
 def fdsl_gradients(L, n, d, k, h):
     """(grads function, seconds to build it, matrix-product multiply-adds of the generated code)."""
     import fdsl
-    from fdsl.backends import codegen
     from fdsl.calculus.forms import form
+    from fdsl.codegen import generated as codegen
 
     t0 = time.perf_counter()
     p = fdsl.parse(program_text(L, (n, d, k, h)))

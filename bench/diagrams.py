@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import fdsl  # noqa: E402
-from fdsl.backends import graphviz as gv  # noqa: E402
-from fdsl.backends.depsview import path_view  # noqa: E402
 from fdsl.calculus.forms import coeff  # noqa: E402
+from fdsl.pictures import graphviz as gv  # noqa: E402
+from fdsl.pictures.depsview import path_view  # noqa: E402
 
 DEPTHS = [6, 8, 12, 16]
 

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import fdsl  # noqa: E402
-from fdsl.backends import codegen, numpy_grad  # noqa: E402
+from fdsl.codegen import generated as codegen  # noqa: E402
+from fdsl.codegen import grads as numpy_grad  # noqa: E402
 
 DEPTHS = (3, 6, 12)
 REPEATS = 3

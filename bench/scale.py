@@ -6,7 +6,7 @@
 For the encoder of examples/deep.fd (as bench/deep.py: ``E := Y - X(L)``, ``w = form(E)``), on one
 thread (set before numpy and torch are imported), with the clock the CPU time of this process:
 
-- Table A, dtypes: the generated numpy code (``fdsl.backends.codegen``, what ``fdsl codegen``
+- Table A, dtypes: the generated numpy code (``fdsl.codegen.generated``, what ``fdsl codegen``
   writes) in float32 and in float64 against the hand-written numpy backprop (bench/handwritten.py)
   and torch autograd on CPU, each in the same dtype, at (L, n, d, k, h) = (4, 512, 256, 64, 256)
   and (12, 256, 768, 64, 768).
@@ -54,8 +54,8 @@ BASELINE = "ccf8ae5"  # the last commit before issue 16: table D's float64 refer
 def build(L, n, d, k, h, target="numpy"):
     """The generated module's namespace for encoder(L) at these sizes (with the loss)."""
     import fdsl
-    from fdsl.backends import codegen
     from fdsl.calculus.forms import form
+    from fdsl.codegen import generated as codegen
     from fdsl.learn.train import error_of
 
     p = fdsl.parse(deep.program_text(L, (n, d, k, h)))
@@ -214,7 +214,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[2])
 import deep, fdsl
-from fdsl.backends import codegen
+from fdsl.codegen import generated as codegen
 from fdsl.calculus.forms import form
 L, n, d, k, h = map(int, sys.argv[3:8])
 p = fdsl.parse(deep.program_text(L, (n, d, k, h)))

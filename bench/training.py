@@ -99,8 +99,8 @@ def one_hot(ids, dtype):
 
 def fdsl_module(path: Path = None):
     """The module ``fdsl codegen examples/chargpt.fd --form w --target torch`` writes, imported."""
-    from fdsl.backends.codegen import gradients_source
     from fdsl.calculus.gradients import loss_of
+    from fdsl.codegen.generated import gradients_source
     from fdsl.lang.program import load
 
     program = load(str(PROGRAM))

@@ -14,9 +14,10 @@ The house, floor by floor from the ground (a module imports only its own folder 
 ``base`` (errors, numbers, untrusted inputs, safe files, limits), ``core`` (the operator table,
 hash-consed terms, sharing, printers, reading a normal form), ``rewrite`` (patterns and the
 engine) beside ``calculus`` (the manual's verbs, backprop, the symbolic gradients), ``lang``
-(grammar, rule files, statements, programs), ``backends`` (numpy and torch, generated code,
-Graphviz), ``learn`` (metrics, flows, training), ``verify`` (rules --check, differential checks,
-the fuzzer), and the faces: ``cli``, ``repl``, ``api`` and the composition root ``compose``.
+(grammar, rule files, statements, programs), ``numbers`` (numpy evaluation, values) beside
+``pictures`` (Graphviz), ``codegen`` (the statement IR, its passes and writers, numpy and torch),
+``learn`` (metrics, flows, training), ``verify`` (rules --check, the torch oracle, differential
+checks, the fuzzer), and the faces: ``cli``, ``repl``, ``api`` and the composition root ``compose``.
 
 The names below are loaded when first used, so ``import fdsl`` (and ``fdsl --version``) stay light.
 """

@@ -7,7 +7,7 @@ composing    terms combine with Python operators as in the language (``A + B``, 
              the functions here (``d``, ``trace``, ``form``, ``m``, ``a``, ``mm``, ``aa``), with
              the same shape checks and messages: a mismatch is an ``FdslError``.
 picture      ``diagram(E)`` (also ``E.diagram()``) and ``deps(w, V, W)`` return a
-             ``fdsl.backends.graphviz.Diagram``: inline SVG in a notebook, ``.save("f.png")``.
+             ``fdsl.pictures.graphviz.Diagram``: inline SVG in a notebook, ``.save("f.png")``.
 
     >>> import fdsl
     >>> p = fdsl.parse("dim n = 2\\nconst X : n x n\\nweight W : n x n")
@@ -70,7 +70,7 @@ def form(e) -> Term:
 def diagram(value, expand="auto", split_leaves: bool = False, title=None, max_nodes=None, max_edges=None):
     """The picture of a term (inline in a notebook; ``.save("e.svg")``). Named intermediates are
     boxes unless the whole picture is small; ``expand=["X_5"]`` or ``"all"`` draws definitions."""
-    from .backends import graphviz as gv
+    from .pictures import graphviz as gv
 
     return gv.diagram(value, expand=expand, split_leaves=split_leaves, title=title,
                       max_nodes=gv.DEFAULT_MAX_NODES if max_nodes is None else max_nodes,
@@ -79,9 +79,9 @@ def diagram(value, expand="auto", split_leaves: bool = False, title=None, max_no
 
 def deps(w, weight, of):
     """The picture of "does the coefficient of d(of) in the normal form w involve weight?"."""
-    from .backends import graphviz as gv
-    from .backends.depsview import path_view
     from .calculus.forms import coeff, normal_terms
+    from .pictures import graphviz as gv
+    from .pictures.depsview import path_view
 
     w = as_term(w, "w")
     normal_terms(w)  # an error unless w is a normal form

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 def assemble() -> None:
     """The whole language: the verbs, the numbers, the pictures, the metrics and training."""
-    from .backends import graphviz, numpy_eval, numpy_grad, values  # noqa: F401
     from .calculus import forms  # noqa: F401
+    from .codegen import grads  # noqa: F401
     from .lang import statements  # noqa: F401
     from .learn import flow, metrics, train, watch  # noqa: F401
+    from .numbers import numpy_eval, values  # noqa: F401
+    from .pictures import graphviz  # noqa: F401

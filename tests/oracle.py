@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fdsl.backends.numpy_eval import Evaluator, evaluate
 from fdsl.core.terms import symbols
+from fdsl.numbers.numpy_eval import Evaluator, evaluate
 
 
 def rel_error(a, b) -> float:

@@ -12,9 +12,9 @@ import pytest
 from oracle import weight_values
 
 import fdsl
-from fdsl.backends.numpy_eval import Evaluator
 from fdsl.calculus.forms import coeff, form, weights
 from fdsl.core import terms as T
+from fdsl.numbers.numpy_eval import Evaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (ROOT / "examples" / "deep.fd").read_text().split("\nE := ")[0]

@@ -1,4 +1,4 @@
-"""Generated code (fdsl.backends.codegen, ``fdsl codegen``): the generated module is imported as a
+"""Generated code (fdsl.codegen.generated, ``fdsl codegen``): the generated module is imported as a
 user would import it and held against two independent oracles: the interpreter's evaluation of the
 coefficients (numpy_eval's Evaluator of coeff(w, W)^t) and central finite differences of the loss
 L = 1/2 ||E||^2 (grad(form(E), W) = -dL/dW), for deep encoders up to 8 layers; the expanded and the
@@ -19,10 +19,10 @@ import pytest
 from oracle import central_difference, weight_values
 
 import fdsl
-from fdsl.backends import codegen
-from fdsl.backends.numpy_eval import Evaluator
 from fdsl.base.errors import FdslError
 from fdsl.calculus.forms import coeff, form, weights
+from fdsl.codegen import generated as codegen
+from fdsl.numbers.numpy_eval import Evaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (ROOT / "examples" / "deep.fd").read_text().split("\nE := ")[0]

@@ -20,12 +20,12 @@ import networkx as nx
 import pytest
 
 import fdsl
-from fdsl.backends import depsview as dv
-from fdsl.backends import graphviz as gv
-from fdsl.backends import termgraph as tg
 from fdsl.base.errors import FdslError
 from fdsl.core import terms as T
 from fdsl.core.terms import dag_size, postorder
+from fdsl.pictures import depsview as dv
+from fdsl.pictures import graphviz as gv
+from fdsl.pictures import termgraph as tg
 
 ROOT = Path(__file__).resolve().parent.parent
 ENCODER2 = ROOT / "examples" / "encoder2.fd"

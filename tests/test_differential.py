@@ -11,7 +11,7 @@ import pytest
 
 from fdsl.verify.differential import check
 
-torch_eval = pytest.importorskip("fdsl.backends.torch_eval")
+torch_eval = pytest.importorskip("fdsl.verify.torch_eval")
 
 LOSS = "\nL = trace(E^t E) / 2\n"
 
@@ -153,8 +153,8 @@ def test_the_coefficient_of_a_lone_scalar_term_is_a_matrix():
     the finite-difference derivatives of the loss along each entry of U."""
     import numpy as np
 
-    from fdsl.backends.numpy_eval import Evaluator
     from fdsl.lang.program import parse
+    from fdsl.numbers.numpy_eval import Evaluator
 
     program = parse(UNIT + "L = trace(s U) + 3 trace(V)\nw = d(L)\nN = normal(w)\n", "<case>")
     values = {"U": np.arange(9.0).reshape(3, 3), "V": np.ones((3, 3)), "X": np.eye(3)}

@@ -12,11 +12,11 @@ from oracle import max_rel_error, weight_values
 from test_codegen import EXACT, ROOT, errors, interpreted, program, shared
 
 import fdsl
-from fdsl.backends import codegen
 from fdsl.base.errors import FdslError
 from fdsl.calculus.forms import form, weights
 from fdsl.calculus.gradients import error_of
 from fdsl.cli import main
+from fdsl.codegen import generated as codegen
 
 # float32 against float64 (unit roundoff 6e-8): the whole gradient to F32, each weight to F32_EACH
 # against its own size or, when that is smaller, 1e-3 of the largest (test_codegen.errors)

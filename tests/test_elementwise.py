@@ -14,10 +14,10 @@ import pytest
 from oracle import gradient, symbol_values
 
 import fdsl
-from fdsl.backends import numpy_grad
-from fdsl.backends.numpy_eval import Evaluator, evaluate
 from fdsl.calculus.forms import weights
+from fdsl.codegen import grads as numpy_grad
 from fdsl.core import printers
+from fdsl.numbers.numpy_eval import Evaluator, evaluate
 
 HEAD = """\
 dim n = 4, d = 3, h = 5

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from oracle import ENCODER, central_difference, gradient, kink_margin, rel_error, weight_values
 
 import fdsl
-from fdsl.backends.numpy_eval import evaluate
-from fdsl.backends.values import Values
 from fdsl.base.errors import FdslError
 from fdsl.learn.flow import conjugate_gradients, flows_of
+from fdsl.numbers.numpy_eval import evaluate
+from fdsl.numbers.values import Values
 
 
 def program_with(text, values):

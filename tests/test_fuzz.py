@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from fdsl.backends import codegen  # noqa: E402
+from fdsl.codegen import generated as codegen  # noqa: E402
 from fdsl.core.ops import OPS  # noqa: E402
 from fdsl.verify import fuzz  # noqa: E402
 

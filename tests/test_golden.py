@@ -36,8 +36,8 @@ PARAMS = [(ex, form, rules, target, dtype) for ex, form, rules in CASES
 
 
 def generated(example: str, form: str, rules, target: str, dtype: str) -> str:
-    from fdsl.backends.codegen import gradients_source
-    from fdsl.backends.numpy_grad import form_named
+    from fdsl.codegen.generated import gradients_source
+    from fdsl.codegen.grads import form_named
     from fdsl.lang.program import load
 
     path = ROOT / "examples" / example

@@ -23,9 +23,9 @@ import pytest
 from oracle import ENCODER, gradient
 
 import fdsl
-from fdsl.backends.numpy_eval import Evaluator
-from fdsl.backends.numpy_grad import coefficients, gradients
 from fdsl.calculus.forms import form
+from fdsl.codegen.grads import coefficients, gradients
+from fdsl.numbers.numpy_eval import Evaluator
 
 N, D, K, H = 8, 6, 4, 5  # the sizes of examples/encoder2.fd
 DECLARATIONS = ENCODER
@@ -192,7 +192,7 @@ def test_cli_writes_the_12_gradients_of_encoder2(run_fdsl, examples, tmp_path):
     assert "each -dL/dW, the descent direction" in r.stdout
     # the values --random 0 drew, read back through fdsl's own seeded generator
     program = fdsl.load(examples / "encoder2.fd")
-    fdsl.backends.values.random_values(program, 0)
+    fdsl.numbers.values.random_values(program, 0)
     values = {name: np.array(program.values[name]) for name in ["X", "Y"] + weight_names(2)}
     assert safe(program, program.definitions["E"], values)
     fd = gradient(lambda v: hand_loss(v, 2), values, weight_names(2), h=STEP)

@@ -767,8 +767,8 @@ _TWO_PROGRAMS = """
 import io, sys
 import numpy as np
 import fdsl
-from fdsl.backends.codegen import compile_namespace, gradients_source
-from fdsl.backends.numpy_eval import evaluate
+from fdsl.codegen.generated import compile_namespace, gradients_source
+from fdsl.numbers.numpy_eval import evaluate
 from fdsl.core.printers import latex
 rng = np.random.default_rng(0)
 values = {"X": rng.normal(size=(3, 2)), "Y": rng.normal(size=(3, 2)), "U": rng.normal(size=(2, 2))}

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl.backends.numpy_eval import evaluate
 from fdsl.calculus.forms import coeff, form, weights
 from fdsl.core import printers
 from fdsl.core import terms as T
+from fdsl.numbers.numpy_eval import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 # the declarations and definitions, without E (:= since the examples name it) and what follows

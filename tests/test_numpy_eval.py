@@ -10,13 +10,13 @@ import pytest
 from oracle import ENCODER, rel_error, symbol_values
 
 import fdsl
-from fdsl.backends import values
-from fdsl.backends.numpy_eval import evaluate, lowering
-from fdsl.backends.values import Numeric, evaluate_in
 from fdsl.base.errors import FdslError
 from fdsl.cli import main
 from fdsl.core.ops import OPS
 from fdsl.core.terms import dag_size
+from fdsl.numbers import values
+from fdsl.numbers.numpy_eval import evaluate, lowering
+from fdsl.numbers.values import Numeric, evaluate_in
 
 ROOT = Path(__file__).resolve().parent.parent
 ENCODER2 = ROOT / "examples" / "encoder2.fd"

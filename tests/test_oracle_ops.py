@@ -18,8 +18,8 @@ import pytest
 from oracle import central_difference, directional_derivative, kink_margin, rel_error
 
 import fdsl
-from fdsl.backends.numpy_eval import evaluate
-from fdsl.backends.numpy_runtime import _aa, _mm, _softmax
+from fdsl.numbers.numpy_eval import evaluate
+from fdsl.numbers.numpy_runtime import _aa, _mm, _softmax
 
 TOL = 1e-8
 EXACT = 1e-12

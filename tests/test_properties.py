@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import fdsl
-from fdsl.backends.numpy_eval import Evaluator, NotDifferentiable
 from fdsl.core import terms as T
 from fdsl.core.printers import text
+from fdsl.numbers.numpy_eval import Evaluator, NotDifferentiable
 
 PROGRAM = fdsl.parse("""\
 dim p = 2, q = 3
@@ -168,7 +168,7 @@ def test_strategies_keep_the_value_of_scalar_one_forms(w, seed):
 def test_the_normal_forms_are_normal(name):
     """After normal (and backprop), a scalar 1-form is sum_W trace(G_W d(W)) over weights W, and
     its value is the pairing of the coefficients with the tangent: sum_W trace(G_W V_W)."""
-    from fdsl.backends.numpy_grad import coefficients
+    from fdsl.codegen.grads import coefficients
 
     w = make("trace", T.mul(CONSTS[("q", "p")], make("m", T.mul(WEIGHTS[("p", "q")], make("a", WEIGHTS[("q", "q")]))),
                             T.d(T.mul(make("a", WEIGHTS[("q", "p")]), WEIGHTS[("p", "q")])), CONSTS[("q", "q")]))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import fdsl.backends
+import fdsl.pictures
 from fdsl import repl
 from fdsl.core.functions import FUNCTIONS, Function
 
@@ -164,11 +164,11 @@ def test_rules_lists_and_describes():
 
 def test_diagram_through_the_graphviz_backend(monkeypatch):
     calls = []
-    backend = types.ModuleType("fdsl.backends.graphviz")
+    backend = types.ModuleType("fdsl.pictures.graphviz")
     backend.diagram_command = lambda program, text, path=None: calls.append(text) or "wrote diagram.svg"
     s = session()  # the language loads the real backend first; the repl must call the one there now
-    monkeypatch.setitem(sys.modules, "fdsl.backends.graphviz", backend)
-    monkeypatch.setattr(fdsl.backends, "graphviz", backend)
+    monkeypatch.setitem(sys.modules, "fdsl.pictures.graphviz", backend)
+    monkeypatch.setattr(fdsl.pictures, "graphviz", backend)
     assert s.run(":diagram form(E)")
     assert calls == ["form(E)"]
     assert output(s) == "wrote diagram.svg\n"
@@ -176,8 +176,8 @@ def test_diagram_through_the_graphviz_backend(monkeypatch):
 
 def test_diagram_without_the_backend(monkeypatch):
     s = session()
-    monkeypatch.setitem(sys.modules, "fdsl.backends.graphviz", None)  # import raises ImportError
-    monkeypatch.delattr(fdsl.backends, "graphviz")
+    monkeypatch.setitem(sys.modules, "fdsl.pictures.graphviz", None)  # import raises ImportError
+    monkeypatch.delattr(fdsl.pictures, "graphviz")
     assert s.run(":diagram X")
     assert output(s).startswith("diagrams are unavailable")
 

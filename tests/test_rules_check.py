@@ -60,10 +60,10 @@ def test_the_checker_is_exercised_not_vacuous():
             except C.Reject:
                 continue
             lhs = fdsl.rewrite.patterns.build(C._named(rule.lhs), inst.bindings)
-            ev = fdsl.backends.numpy_eval.Evaluator(inst.values, {}, tangent=inst.tangent())
+            ev = fdsl.numbers.numpy_eval.Evaluator(inst.values, {}, tangent=inst.tangent())
             try:
                 nonzero += bool(np.linalg.norm(ev.value(lhs)) > 1e-6)
-            except fdsl.backends.numpy_eval.NotDifferentiable:
+            except fdsl.numbers.numpy_eval.NotDifferentiable:
                 pass
         assert nonzero >= 8, name
 

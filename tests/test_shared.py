@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from oracle import ENCODER, central_difference, kink_margin, random_direction, rel_error, weight_values
 
 import fdsl
-from fdsl.backends import torch_eval
-from fdsl.backends.numpy_eval import evaluate
-from fdsl.backends.numpy_grad import gradients
 from fdsl.calculus.forms import coeff, depends, weights
+from fdsl.codegen.grads import gradients
 from fdsl.core import printers
 from fdsl.core import terms as T
+from fdsl.numbers.numpy_eval import evaluate
+from fdsl.verify import torch_eval
 
 NATURAL = ENCODER + "E = Y - encoder(%d)\nw = form(E)\n"
 

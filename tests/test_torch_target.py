@@ -21,9 +21,9 @@ torch = pytest.importorskip("torch")
 from test_codegen import HEADER, import_module, program, shared  # noqa: E402
 
 import fdsl  # noqa: E402
-from fdsl.backends import codegen  # noqa: E402
 from fdsl.base.errors import FdslError  # noqa: E402
 from fdsl.calculus.gradients import error_of  # noqa: E402
+from fdsl.codegen import generated as codegen  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TIGHT = 1e-10  # float64: the same math in two bracketings
@@ -212,7 +212,7 @@ def test_a_rule_file_operator_runs_on_torch_when_torch_spells_it_alike(tmp_path)
 
 @pytest.mark.parametrize("fn", sorted(__import__("fdsl.core.ops", fromlist=["NUMPY_FUNCTIONS"]).NUMPY_FUNCTIONS))
 def test_every_numpy_function_of_rule_files_runs_on_torch(fn):
-    from fdsl.backends.targets import TARGETS
+    from fdsl.codegen.targets import TARGETS
     from fdsl.core.ops import NUMPY_FUNCTIONS
 
     arity, template = NUMPY_FUNCTIONS[fn]

@@ -38,7 +38,7 @@ def test_fdsl_train_makes_the_loss_fall(run_fdsl, examples, tmp_path):
     assert {"Q", "K", "V", "W", "b", "f", "X", "P", "R", "U", "T", "c", "g"} == set(saved)
     program = fdsl.load(examples / "train.fd", setup=lambda p: p.options.update(train=False))
     e = program.definitions["E"]
-    loss = 0.5 * np.sum(fdsl.backends.numpy_eval.evaluate(e, saved, program.dims) ** 2)
+    loss = 0.5 * np.sum(fdsl.numbers.numpy_eval.evaluate(e, saved, program.dims) ** 2)
     assert loss == pytest.approx(last, rel=1e-6)
     g = run_fdsl("grad", examples / "train.fd", "--form", "w", "--values", out, "--out", tmp_path / "g.npz")
     assert g.returncode == 0, g.stderr
@@ -73,7 +73,7 @@ def test_the_update_is_descent_along_the_gradient():
         random 0
         train(w, 8, 1/4, 2)
         """))
-    a0 = fdsl.backends.values.Values(program)
+    a0 = fdsl.numbers.values.Values(program)
     a0.seed = 0
     start = a0["A"]
     trained = program.values["A"]

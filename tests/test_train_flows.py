@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import fdsl
-from fdsl.backends.values import Values
 from fdsl.learn.flow import flows_of
+from fdsl.numbers.values import Values
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -18,8 +18,9 @@ import pytest
 from oracle import symbol_values
 
 import fdsl
-from fdsl.backends import codegen, numpy_grad
-from fdsl.backends.numpy_eval import evaluate
+from fdsl.codegen import generated as codegen
+from fdsl.codegen import grads as numpy_grad
+from fdsl.numbers.numpy_eval import evaluate
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
@@ -397,7 +398,7 @@ def test_the_chargpt_scales_each_score_adjoint_once():
 
 
 def test_a_variable_scaled_in_two_statements_is_scaled_once():
-    from fdsl.backends.fusion import Stmt, shared_scalings
+    from fdsl.codegen.fusion import Stmt, shared_scalings
 
     body = [Stmt("a", "a = X @ W", ("X", "W")), Stmt("b", "b = (0.5 * a.mT) @ V", ("a", "V")),
             Stmt("c", "c = (0.5 * a).mT + Z", ("a", "Z")), Stmt("e", "e = (2.0 * a) + a", ("a",))]
@@ -418,7 +419,7 @@ def test_a_variable_scaled_in_two_statements_is_scaled_once():
 
 
 def test_a_product_read_only_transposed_is_computed_transposed():
-    from fdsl.backends.fusion import Stmt, transposed_reads
+    from fdsl.codegen.fusion import Stmt, transposed_reads
 
     rng = np.random.default_rng(10)
     env = {"X": rng.standard_normal((4, 3)), "W": rng.standard_normal((4, 2)), "V": rng.standard_normal((3, 5)),
@@ -538,8 +539,8 @@ def test_a_trace_of_a_product_is_summed_without_the_product():
 def test_products_that_share_a_factor_read_the_sum_computed_anyway():
     # F A + F C b is F (A + C b) where A + C b is a node of the computation (an MLP's first weight
     # after a layer norm: its gradient is one product); where that sum is not there, it stays
-    from fdsl.backends.fusion import factored
-    from fdsl.backends.lowering import nodes
+    from fdsl.codegen.fusion import factored
+    from fdsl.codegen.lowering import nodes
 
     p = fdsl.parse("dim n = 4, d = 3\nconst X : n x d, F : d x n, C : n x 1 = ones\nweight b : 1 x d\n"
                    "S = layernorm(X) + C b\nT = F layernorm(X) + F C b\n")
@@ -560,7 +561,7 @@ def test_products_that_share_a_factor_read_the_sum_computed_anyway():
 
 
 def _run(stmts, env):
-    from fdsl.backends import torch_runtime
+    from fdsl.codegen import torch_runtime
 
     ns = {k: getattr(torch_runtime, k) for k in dir(torch_runtime) if k.startswith("_") and not k.startswith("__")}
     ns["torch"] = torch
@@ -571,8 +572,8 @@ def _run(stmts, env):
 
 
 def test_the_grouped_heads_product_gives_its_kinds_as_views():
-    from fdsl.backends.fusion import Stmt
-    from fdsl.backends.heads import grouped_kinds
+    from fdsl.codegen.fusion import Stmt
+    from fdsl.codegen.heads import grouped_kinds
 
     body = [Stmt("a1", "a1, a2, a3, a4, a5, a6 = _grouped(S, (Q0, K0, V0, Q1, K1, V1,))", ("S", "Q0", "K0", "V0")),
             Stmt("q_h", "q_h = torch.stack((a1, a4,), -3)", ("a1", "a4")),
@@ -598,8 +599,8 @@ def test_the_grouped_heads_product_gives_its_kinds_as_views():
 
 
 def test_the_heads_of_stacks_are_read_side_by_side():
-    from fdsl.backends.fusion import Stmt
-    from fdsl.backends.heads import side_by_side
+    from fdsl.codegen.fusion import Stmt
+    from fdsl.codegen.heads import side_by_side
 
     body = [Stmt("a", "a, b = X_h.unbind(-3)", ("X_h",)), Stmt("c", "c, e = Y_h.unbind(-3)", ("Y_h",)),
             Stmt("a_s", "a_s = 0.5 * a", ("a",)), Stmt("b_s", "b_s = 0.5 * b", ("b",)),
@@ -631,8 +632,8 @@ def test_the_heads_of_stacks_are_read_side_by_side():
 def test_a_product_added_to_a_matrix_is_one_addmm():
     # P = A @ B read only by Y = X + P: Y = _addmm(X, A, B) (a residual, or a bias row), for a
     # batch, one example, a row and a matrix beside a batch (the fallback); not when P is read again
-    from fdsl.backends.fusion import Stmt
-    from fdsl.backends.kernels import added_products
+    from fdsl.codegen.fusion import Stmt
+    from fdsl.codegen.kernels import added_products
 
     body = [Stmt("p", "p = A @ B", ("A", "B")), Stmt("y", "y = X + p", ("X", "p")),
             Stmt("q", "q = y @ B2", ("y", "B2")), Stmt("z", "z = q + r", ("q", "r"))]
@@ -656,8 +657,8 @@ def test_an_affine_layer_norm_is_one_kernel_forward_and_one_backward():
     # layernorm(A) * C g + C b and its backward (the input's adjoint, the gain's and the bias's
     # gradients) as torch's fused kernels, batch and one example; left alone when its normalised
     # X is read by anything else
-    from fdsl.backends.fusion import Stmt
-    from fdsl.backends.kernels import affine_layernorms
+    from fdsl.codegen.fusion import Stmt
+    from fdsl.codegen.kernels import affine_layernorms
 
     body = [Stmt("x", "x, m, r = _layernorm_stats(A)", ("A",)), Stmt("h", "h = (x * g)", ("x", "g")),
             Stmt("s", "s = h + b", ("h", "b")), Stmt("y", "y = s @ W", ("s", "W")),
@@ -700,8 +701,8 @@ def test_an_affine_layer_norm_is_one_kernel_forward_and_one_backward():
 
 def test_a_log_softmax_derivative_is_the_fused_backward_from_its_forward():
     # Y - softmax(Z) o rowsum(Y) with logsoftmax(Z) computed: torch's log-softmax backward from it
-    from fdsl.backends.fusion import Stmt
-    from fdsl.backends.kernels import logsoftmax_backwards
+    from fdsl.codegen.fusion import Stmt
+    from fdsl.codegen.kernels import logsoftmax_backwards
 
     body = [Stmt("L", "L = torch.log_softmax(Z, dim=-1)", ("Z",)), Stmt("p", "p = _softmax(Z)", ("Z",)),
             Stmt("r", "r = Y.sum(dim=-1, keepdim=True)", ("Y",)), Stmt("h", "h = (p * r)", ("p", "r")),
@@ -720,8 +721,8 @@ def test_a_log_softmax_derivative_is_the_fused_backward_from_its_forward():
 def test_a_gradient_is_computed_as_soon_as_its_operands_are_known():
     # a result (read by nothing but the return) moves up to just after what it reads, so its
     # operands can be freed there; past an update in place of what it reads it does not move
-    from fdsl.backends.fusion import Stmt
-    from fdsl.backends.schedule import early_results
+    from fdsl.codegen.fusion import Stmt
+    from fdsl.codegen.schedule import early_results
 
     body = [Stmt("a", "a = X @ W", ("X", "W")), Stmt("b", "b = a * 2.0", ("a",)), Stmt("c", "c = b @ V", ("b", "V")),
             Stmt("a", "a += c", ("a", "c")), Stmt("e", "e = c.sum()", ("c",)),
@@ -799,8 +800,8 @@ def test_the_loss_alone_under_no_grad_is_the_forward_sweep():
 def test_the_mask_is_added_into_the_scores():
     # P = _bmm(...) read only by Y = P + Z: Y = _add_into(P, Z) where Z broadcasts to P (the causal
     # mask added to the scores); not where Z is the larger, nor when P is read again
-    from fdsl.backends.fusion import Stmt
-    from fdsl.backends.kernels import added_in_place
+    from fdsl.codegen.fusion import Stmt
+    from fdsl.codegen.kernels import added_in_place
 
     body = [Stmt("p", "p = _bmm(A, B)", ("A", "B")), Stmt("y", "y = p + M", ("p", "M")),
             Stmt("q", "q = A @ B", ("A", "B")), Stmt("z", "z = Big + q", ("Big", "q"))]
@@ -838,7 +839,7 @@ def test_a_sum_spliced_from_a_named_residual_stream_is_lowered():
     # unlet splices a named run of a flat sum into its parent: the run itself is then under no
     # output, and the factoring of sums must not look it up (a KeyError once): gradients of a
     # named residual encoder against the numpy evaluation of its gradient terms
-    from fdsl.backends.numpy_eval import Evaluator
+    from fdsl.numbers.numpy_eval import Evaluator
 
     p = fdsl.parse("dim n = 3\nconst X : n x n, Y : n x n\nweight W[i] : n x n\nv1 = m(X W[0])\n"
                    "v2 = m(v1 W[1]) + X\nv3 := a(v2 W[2]) v2\nv4 = m(v3 W[3])\nv5 = m(v4 W[4]) + v2\n"
@@ -857,7 +858,7 @@ def test_an_operator_whose_value_is_not_entry_by_entry_is_not_computed_transpose
     # an operator defined in a rule file by a row-wise body (layernorm) is not elementwise: applied
     # to a product the lowering stores the other way round, it must not be computed on the stored
     # product and read transposed (a silent wrong answer once); against the numpy evaluation
-    from fdsl.backends.lowering import Lowering
+    from fdsl.codegen.lowering import Lowering
     from fdsl.core.ops import OPS
 
     (tmp_path / "g.rules").write_text("operator g(A) = layernorm(A)\noperator h(A) = 2 tanh(A) * A\n")

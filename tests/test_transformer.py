@@ -13,8 +13,8 @@ import pytest
 from oracle import symbol_values
 
 import fdsl
-from fdsl.backends import numpy_grad
-from fdsl.backends.numpy_eval import evaluate
+from fdsl.codegen import grads as numpy_grad
+from fdsl.numbers.numpy_eval import evaluate
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -178,7 +178,7 @@ def test_one_block_matches_torch_transformer_encoder_layer():
 
     p = fdsl.parse(BLOCK)
     assert abs(evaluate(p["L"], values, p.dims)[0, 0] - loss.item()) <= 1e-12 * abs(loss.item())
-    grads = fdsl.backends.codegen.compile_gradients(numpy_grad.normal_form(p, p.expr("d(L)")), p.dims)(values)
+    grads = fdsl.codegen.generated.compile_gradients(numpy_grad.normal_form(p, p.expr("d(L)")), p.dims)(values)
     assert _close(grads, want) <= TOL
 
 
@@ -246,7 +246,7 @@ def test_logsoftmax_is_exact_at_large_logits_and_log_of_softmax_becomes_it():
 
 
 def test_the_torch_target_computes_the_gpts_gradients_too(gpt, tmp_path):
-    from fdsl.backends import codegen
+    from fdsl.codegen import generated as codegen
 
     w = numpy_grad.normal_form(gpt, gpt["w"])
     values = symbol_values(gpt, gpt["L"])

@@ -75,7 +75,7 @@ def test_grad_says_its_sign_in_the_line_and_the_file(run_fdsl, tmp_path):
     assert np.array_equal(g["W"], -t["W"])
     # +dL/dW is the gradient of L = 1/2 ||Y - X W||^2: X^t (X W - Y)
     program = fdsl.load(path)
-    fdsl.backends.values.random_values(program, 0)
+    fdsl.numbers.values.random_values(program, 0)
     X, Y, W = (np.asarray(program.values[k]) for k in "XYW")
     assert np.allclose(t["W"], X.T @ (X @ W - Y), rtol=1e-12, atol=1e-12)
 
@@ -336,7 +336,7 @@ def _finite_differences(program, loss: str, names, h=1e-6):
 def test_powers_of_scalars_differentiate(loss):
     program = fdsl.parse(POWERS + "E := Y - g^2 X W\nL = %s\nw = -d(L)\nrandom 0\n" % loss)
     program.values["g"] = np.array(0.7)  # a positive base: g^(1/2) and the like are real
-    grads = fdsl.backends.numpy_grad.gradients(program, program.definitions["w"])
+    grads = fdsl.codegen.grads.gradients(program, program.definitions["w"])
     fd = _finite_differences(program, "L", grads)
     for name, g in grads.items():
         assert np.allclose(g, -fd[name], rtol=1e-7, atol=1e-9), (name, g, fd[name])  # -dL/dW
@@ -359,8 +359,8 @@ def test_equal_summands_of_an_adjoint_are_merged():
     # was: G_E := -(1/2) E^t - (1/2) E^t, and trace(g E^t X W) + trace(g E^t X W) for a scalar weight
     assert "(1/2)" not in text and "G_E" not in text
     assert text.splitlines()[:2] == ["dW: g E^t X", "dg: trace(E^t X W)"]
-    merged = fdsl.backends.numpy_grad.gradients(program, program.definitions["N"])
-    expanded = fdsl.backends.numpy_grad.gradients(program, program.apply_rules("expanded", program.definitions["w"]))
+    merged = fdsl.codegen.grads.gradients(program, program.definitions["N"])
+    expanded = fdsl.codegen.grads.gradients(program, program.apply_rules("expanded", program.definitions["w"]))
     for name in merged:
         assert np.allclose(merged[name], expanded[name], rtol=1e-12, atol=1e-14)
 

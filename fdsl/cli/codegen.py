@@ -8,18 +8,18 @@ from pathlib import Path
 from ..base.errors import FdslError
 from .common import FILE_HELP, add_limit_options, set_limits
 
-# the names of fdsl.backends.targets.TARGETS and DTYPES, written out so that building the parser
+# the names of fdsl.codegen.targets.TARGETS and DTYPES, written out so that building the parser
 # imports no numpy (tests/test_architecture.py holds them equal)
 TARGETS = ("numpy", "torch")
 DTYPES = ("float32", "float64")
 
 
 def _cmd_codegen(args) -> int:
-    from ..backends.codegen import gradient_terms, gradients_source
-    from ..backends.numpy_grad import form_named, no_weight
     from ..base.files import atomic_write, target_of
     from ..calculus import forms
     from ..calculus.gradients import loss_of, no_loss_note
+    from ..codegen.generated import gradient_terms, gradients_source
+    from ..codegen.grads import form_named, no_weight
     from ..lang.program import load
 
     target_of(args.output)  # a path that cannot be written fails before the work

@@ -34,7 +34,7 @@ def run_setup(args):
     statements run as it is read); also returns a check for after it was read."""
     numeric = args.values or args.random is not None
     if numeric:
-        from ..backends import values
+        from ..numbers import values
 
     def setup(program):
         program.options["trace"] = args.trace
@@ -114,8 +114,8 @@ def add_value_options(p) -> None:
 def load_with_values(args):
     """Load ``args.file`` with ``--values``/``--random`` (and ``--rules``) applied first, as ``fdsl run``
     does; an error if neither gives values."""
-    from ..backends import values
     from ..lang.program import load
+    from ..numbers import values
 
     if args.values is None and args.random is None:
         raise FdslError("give the values of the symbols: --values IN.npz or --random SEED")

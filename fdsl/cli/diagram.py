@@ -12,9 +12,9 @@ from .common import FILE_HELP
 
 
 def _load(args):
-    from ..backends.graphviz import output_format
     from ..base.files import target_of
     from ..lang.program import load
+    from ..pictures.graphviz import output_format
 
     output_format(args.output)  # a bad extension or target fails before the program is elaborated
     target_of(args.output)
@@ -23,7 +23,7 @@ def _load(args):
 
 
 def _report(done, requested, nodes: int) -> int:
-    from ..backends.graphviz import INSTALL_HINT
+    from ..pictures.graphviz import INSTALL_HINT
 
     print("wrote %s (%d nodes)" % (done.path, nodes))
     if done.fallback:  # still a success: the .dot file is the diagram, waiting for Graphviz
@@ -42,7 +42,7 @@ def _expr(program, text: str, flag: str):
 
 
 def _cmd_diagram(args) -> int:
-    from ..backends.graphviz import diagram
+    from ..pictures.graphviz import diagram
 
     program = _load(args)
     value = _expr(program, args.expr, "--expr")
@@ -57,9 +57,9 @@ def _cmd_diagram(args) -> int:
 
 
 def _cmd_deps(args) -> int:
-    from ..backends import depsview
-    from ..backends.graphviz import Diagram
     from ..core.functions import as_term, describe
+    from ..pictures import depsview
+    from ..pictures.graphviz import Diagram
 
     program = _load(args)
     form = _expr(program, args.form, "--form")

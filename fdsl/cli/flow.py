@@ -11,10 +11,10 @@ from .common import FILE_HELP, add_value_options, load_with_values
 
 def _cmd_flow(args) -> int:
 
-    from ..backends.numpy_grad import check_given, coefficients, form_named, no_weight
-    from ..backends.values import npz_writer
     from ..base.files import Write
+    from ..codegen.grads import check_given, coefficients, form_named, no_weight
     from ..learn.flow import _gauss_newton_specs, flows_of
+    from ..numbers.values import npz_writer
 
     program = load_with_values(args)
     w = form_named(program, args.form)

@@ -11,7 +11,8 @@ from .common import FILE_HELP, add_value_options, load_with_values
 def _cmd_grad(args) -> int:
     import numpy as np
 
-    from ..backends.numpy_grad import (
+    from ..base.files import Write, target_of
+    from ..codegen.grads import (
         SIGN_KEY,
         check_given,
         coefficients,
@@ -21,8 +22,7 @@ def _cmd_grad(args) -> int:
         normal_form,
         sign_of,
     )
-    from ..backends.values import npz_writer
-    from ..base.files import Write, target_of
+    from ..numbers.values import npz_writer
 
     target_of(args.out)  # a path that cannot be written fails before the work
     program = load_with_values(args)

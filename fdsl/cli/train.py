@@ -12,17 +12,17 @@ from .common import FILE_HELP, add_value_options, load_with_values
 
 def _cmd_train(args) -> int:
 
-    from ..backends.values import npz_writer
     from ..base.files import Write, perform_all, target_of
     from ..learn.train import Trainer, _check_schedule, _summary
     from ..learn.watch import csv_write, plot_write, require_matplotlib, watch_terms
+    from ..numbers.values import npz_writer
 
     for path in (args.out, args.log, args.plot):
         if path is not None:
             target_of(path)  # a path that cannot be written fails before the work
     if args.plot is not None:
         require_matplotlib()
-    from ..backends.numpy_grad import check_given, form_named
+    from ..codegen.grads import check_given, form_named
 
     every = _check_schedule(args.steps, args.lr, args.every)
     program = load_with_values(args)

@@ -4,13 +4,13 @@ Vocabulary
 ----------
 flow         the metric dual v of a 1-form ``w = sum_W trace(G_W dW)``: ``g(v, .) = w`` for the
              metric g the program chose (``fdsl.learn.metrics``). One array per weight, shaped like it.
-w^sharp      the Euclidean dual, ``grad(w, W) = G_W^t`` (``fdsl.backends.numpy_grad.gradients``,
+w^sharp      the Euclidean dual, ``grad(w, W) = G_W^t`` (``fdsl.codegen.grads.gradients``,
              the one numeric lowering): every metric starts from it.
 block        the weights one gaussnewton(E, lambda) metric was given: their flow is solved jointly.
 J v          the differential of E applied to a direction v: ``d(E)`` differentiated by the stdlib's
              ruleset ``differentiate`` one named intermediate at a time (so its size stays linear
              in depth), with ``d(W)`` replaced by the direction's component on W, lowered to
-             numpy by ``fdsl.backends.codegen``. Forward mode, from fdsl's own rules.
+             numpy by ``fdsl.codegen.generated``. Forward mode, from fdsl's own rules.
 J^t u        the coefficients of the normal form of ``trace(U^t d(E))`` at ``U = u``: the same
              generated reverse sweep as ``grad``. J itself is never formed.
 solve        conjugate gradients on ``(J^t J + lambda I) v = w^sharp``: the iterations it took and
@@ -113,8 +113,8 @@ class Jacobian:
     """J = dE/d(block weights) as two maps, J v and J^t u, each one generated numpy function."""
 
     def __init__(self, program, error: Term, weights: list):
-        from ..backends import codegen
-        from ..backends.numpy_grad import normal_form
+        from ..codegen import generated as codegen
+        from ..codegen.grads import normal_form
 
         self.error, self.weights = error, weights
         dims = program.dims
@@ -369,8 +369,8 @@ class Flows(dict):
 
 def flows_of(program, w, values=None, evaluator=None, what: str = "the form") -> Flows:
     """The flow of the 1-form ``w`` under the program's metric, at the program's values."""
-    from ..backends.numpy_grad import coefficients, gradients, normal_form
-    from ..backends.values import program_evaluator, program_values
+    from ..codegen.grads import coefficients, gradients, normal_form
+    from ..numbers.values import program_evaluator, program_values
 
     w = normal_form(program, w, what)
     weights = list(coefficients(program, w, what))
@@ -385,7 +385,7 @@ def flows_of(program, w, values=None, evaluator=None, what: str = "the form") ->
 @function("flow(w, W?)", "the flow of the 1-form w: its dual under the program's metric (metric statements; "
           "Euclidean by default, where it is grad), every weight by name, or the one of W")
 def _flow(program, w, weight=None):
-    from ..backends.values import Numeric, program_evaluator
+    from ..numbers.values import Numeric, program_evaluator
 
     flows = flows_of(program, w, what="the first argument of flow")
     if weight is None:

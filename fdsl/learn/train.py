@@ -3,7 +3,7 @@
 Vocabulary
 ----------
 flow     ``W <- W + lr grad(w, W)`` for every weight W of the 1-form w (``grad`` as in
-         ``fdsl.backends.numpy_grad``: the dual of w under the Euclidean metric). For
+         ``fdsl.codegen.grads``: the dual of w under the Euclidean metric). For
          ``w = form(E) = -dL``, ``L = 1/2 ||E||^2``, ``grad(w, W) = -dL/dW``: the flow is gradient
          descent on L, the manual's negative Euler flow pulled back to the weights.
 loss     ``L = 1/2 ||E||^2`` when w is ``form(E)`` (recognised as the term ``-trace(E^t d(E))``); for
@@ -27,7 +27,6 @@ from typing import Optional
 
 import numpy as np
 
-from ..backends.values import SAVERS
 from ..base.errors import FdslError
 from ..base.estimate import check_estimate
 from ..base.files import Note, Write, target_of
@@ -36,6 +35,7 @@ from ..core import terms as T
 from ..core.functions import as_int, describe, function
 from ..core.terms import Term
 from ..lang.statements import _leftmost, _split_leading_string, statement
+from ..numbers.values import SAVERS
 from .watch import Log, csv_write, measure, plot_write, watch_terms
 
 
@@ -101,8 +101,8 @@ class Trainer:
     recording the loss and the watched quantities at every step."""
 
     def __init__(self, program, w, what: str = "the form", watches=()):
-        from ..backends.numpy_grad import coefficients, no_weight, normal_form, symbol_leaves
-        from ..backends.values import program_evaluator
+        from ..codegen.grads import coefficients, no_weight, normal_form, symbol_leaves
+        from ..numbers.values import program_evaluator
         from .flow import Dualizer
 
         self.program = program
@@ -144,9 +144,9 @@ class Trainer:
         """Say once (on stderr) which data of the loss --random drew, and hold the targets of a
         cross-entropy to be distributions: a loss of data that are not what it expects trains
         without error to a meaningless number."""
-        from ..backends.numpy_eval import Evaluator
-        from ..backends.numpy_grad import symbol_leaves
+        from ..codegen.grads import symbol_leaves
         from ..core.printers import short
+        from ..numbers.numpy_eval import Evaluator
 
         self.drawn = None  # said once, after the run (or in the message that stops it)
         loss = self.error if self.error is not None else self.objective
@@ -181,8 +181,8 @@ class Trainer:
     def measure(self):
         """(loss, flows, the record's numbers) at the current values: the loss and the gradients
         from one sweep of the generated code (for a batch of examples, summed over it)."""
-        from ..backends.codegen import compile_gradients
-        from ..backends.numpy_eval import Evaluator
+        from ..codegen.generated import compile_gradients
+        from ..numbers.numpy_eval import Evaluator
 
         named = self.error if self.error is not None else self.objective  # the loss, as loss_of gives it
         fn = compile_gradients(self.normal, self.dims, named)
@@ -201,7 +201,7 @@ class Trainer:
     def run(self, steps: int, lr: float, every: int, report=None) -> list:
         """Take ``steps`` steps; returns [(step, loss)] every ``every`` steps and at the end;
         ``report(step, loss)`` is called as they come. Every step is recorded in ``self.log``."""
-        from ..backends.numpy_eval import NonFinite
+        from ..numbers.numpy_eval import NonFinite
 
         def stop(step, what):
             return FdslError("training stopped at step %d: %s; lower the learning rate (it is %g)%s"
@@ -245,7 +245,7 @@ class Trainer:
     def _first_non_finite(self):
         """The first non-finite value of the error and the coefficients at the current values, with
         the term that made it (the interpreter stops there; the generated code cannot say)."""
-        from ..backends.numpy_eval import Evaluator, NonFinite
+        from ..numbers.numpy_eval import Evaluator, NonFinite
 
         ev = Evaluator(self.values, self.dims, self.origin)
         try:
@@ -331,7 +331,7 @@ def _train(program, w, steps, lr, *rest):
     every = _check_schedule(steps, lr, every)
     trainer = Trainer(program, w, "the first argument of train", watch_terms(program, rest, "watch"))
     curve = trainer.run(steps, lr, every)
-    from ..backends.values import program_values
+    from ..numbers.values import program_values
 
     store = program_values(program)
     for name in trainer.weights:  # later eval/save/grad see the trained weights

@@ -237,12 +237,12 @@ def _diagram(session, arg):
         target_of(path)
     arg = expr
     try:
-        from ..backends import graphviz as backend
+        from ..pictures import graphviz as backend
     except ImportError:
         backend = None
     draw = getattr(backend, "diagram_command", None)
     if draw is None:
-        session.say("diagrams are unavailable: this fdsl has no Graphviz backend (fdsl.backends.graphviz)")
+        session.say("diagrams are unavailable: this fdsl has no Graphviz backend (fdsl.pictures.graphviz)")
         return
     result = draw(session.program, arg, path)
     if result:

@@ -124,8 +124,8 @@ class WebSession(Session):
         inner = node.args[0]
         if not (inner.kind == "call" and inner.value == "coeff" and len(inner.args) == 2):
             return None
-        from ..backends import graphviz as gv
-        from ..backends.depsview import path_view
+        from ..pictures import graphviz as gv
+        from ..pictures.depsview import path_view
 
         try:
             of = self.program.evaluate(inner.args[1], {})
@@ -148,7 +148,7 @@ class WebSession(Session):
 
 
 def _diagram_here(session: WebSession, arg: str) -> None:
-    from ..backends import graphviz as gv
+    from ..pictures import graphviz as gv
 
     if not arg:
         raise FdslError("usage: :diagram EXPR")
@@ -210,8 +210,11 @@ class Worker:
 def prepare(own: Path, file: Optional[str]) -> None:
     """Import what a session may need before the confinement begins, and confine."""
     from .. import compose  # noqa: F401  (the language's functions and statements)
-    from ..backends import depsview, graphviz  # noqa: F401
     from ..lang.program import Program
+    from ..pictures import (
+        depsview,  # noqa: F401
+        graphviz,  # noqa: F401
+    )
     from . import confine
 
     Program("<warm>", own)  # reads the grammar and the stdlib once

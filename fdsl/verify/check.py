@@ -611,7 +611,7 @@ def _trial(rule: Rule, needs, compound, rng) -> float:
 def _evaluate(inst, tangent, step, *terms):
     """The values of ``terms`` (None: the first one's again) with d along ``tangent`` by finite
     differences of ``step``."""
-    from ..backends.numpy_eval import Evaluator, NonFinite, NotDifferentiable
+    from ..numbers.numpy_eval import Evaluator, NonFinite, NotDifferentiable
 
     ev = Evaluator(inst.values, {}, tangent=tangent, step=step)
     try:

@@ -8,9 +8,9 @@ case        program text (parsed by the real front end) that defines a scalar lo
             ``L = trace(E^t E) / 2`` have sign -1, ``w = trace(E^t d(E))`` or ``w = d(L)`` sign +1.
             The gradients of w must then be ``sign dL/dW`` for every weight W.
 method      one way of turning the case into gradient numbers, named in reports:
-            ``eval[F]``    the numpy evaluation (``fdsl.backends.numpy_eval``) of the gradient terms
+            ``eval[F]``    the numpy evaluation (``fdsl.numbers.numpy_eval``) of the gradient terms
                            ``G_W^t`` of the normal form F of w (``codegen.gradient_terms``),
-            ``code[F]``    the generated code (``fdsl.backends.codegen``) of the normal form F,
+            ``code[F]``    the generated code (``fdsl.codegen.generated``) of the normal form F,
             ``torch-code[F]`` the same for the torch target (its own lowering passes: stacked
                            heads, fused kernels, addmm), when torch is installed, and
             ``torch-batch[F]`` the torch target on a batch of two examples (the case's data and
@@ -18,7 +18,7 @@ method      one way of turning the case into gradient numbers, named in reports:
                            example added (the gradient of the loss summed over the batch),
             ``grad(w)``    what a user gets: ``grad(w)`` in the program (the path of ``fdsl grad``,
                            the repl and ``train``),
-            ``torch``      torch autograd of the plain term L (``fdsl.backends.torch_eval``), when
+            ``torch``      torch autograd of the plain term L (``fdsl.verify.torch_eval``), when
                            torch is installed,
             for each normal form F in ``FORMS``: ``shared`` (the strategy ``backprop``: named
             intermediates and adjoints) and ``expanded`` (the manual's verbs, every product
@@ -56,15 +56,16 @@ from typing import Optional
 
 import numpy as np
 
-from ..backends import codegen, torch_eval
-from ..backends.numpy_eval import Evaluator, NonFinite, NotDifferentiable
-from ..backends.numpy_grad import gradients, symbol_leaves
-from ..backends.values import program_values
 from ..base.errors import FdslError
 from ..calculus.forms import weights
+from ..codegen import generated as codegen
+from ..codegen.grads import gradients, symbol_leaves
 from ..core import terms as T
 from ..core.ops import shown as op_name
 from ..lang.program import parse
+from ..numbers.numpy_eval import Evaluator, NonFinite, NotDifferentiable
+from ..numbers.values import program_values
+from ..verify import torch_eval
 
 #: the normal forms every case is lowered from: name -> strategies applied in turn
 FORMS = {"shared": ("backprop",), "expanded": ("expandforms", "collect")}

@@ -40,7 +40,7 @@ is on the left, where torch folds it into one matrix product; on one with ``fuse
 ``layernorm(A)`` keeps its row statistics and ``dlayernorm(A, B)`` is the library's fused backward
 from them. Before any of this, ``fusion.factored`` writes ``F A + F B`` as ``F (A + B)`` where
 ``A + B`` is computed anyway, and ``trace(P Q)`` is lowered as the sum of ``P^t o Q``. Products are
-``fdsl.backends.products`` (a mixin). The statements then go through ``fdsl.backends.fusion``: a
+``fdsl.codegen.products`` (a mixin). The statements then go through ``fdsl.codegen.fusion``: a
 weight's gradient summed over the batch inside its last product, sums of products and products
 that share an operand as one product, and (torch) a product of two batches as one ``bmm`` and the
 heads of an attention as one stacked chain; on torch, ``heads`` reads the stacks without
@@ -49,7 +49,7 @@ backward, the log-softmax backward); last, ``schedule`` computes every weight's 
 what it reads is known.
 
 The function around these statements and the module around it (imports, the runtime helpers) are
-written by ``fdsl.backends.writer``; the torch training classes by ``fdsl.backends.codegen``.
+written by ``fdsl.codegen.writer``; the torch training classes by ``fdsl.codegen.generated``.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class Lowering(Products, ModuleWriter):
             return self.const_memo[t]
         value = None
         if t.scalar and all(self._constant_leaf(leaf) for leaf in postorder(t) if leaf.op == "sym"):
-            from .numpy_eval import Evaluator  # lazily: only scalars need the interpreter
+            from ..numbers.numpy_eval import Evaluator  # lazily: only scalars need the interpreter
 
             value = float(Evaluator({}, self.sizes).value(t)[0, 0])
         self.const_memo[t] = value

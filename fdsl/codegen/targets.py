@@ -1,4 +1,4 @@
-"""Targets of generated code: how the one lowering of ``fdsl.backends.codegen`` is written out for
+"""Targets of generated code: how the one lowering of ``fdsl.codegen.generated`` is written out for
 numpy or for torch.
 
 Vocabulary
@@ -33,7 +33,7 @@ import inspect
 import re
 from pathlib import Path
 
-from . import numpy_runtime
+from ..numbers import numpy_runtime
 
 DTYPES = ("float32", "float64")
 
@@ -47,6 +47,7 @@ class Target:
     pieces = True  # a large batch is cut into pieces (see the module doc)
     folds_batches = False  # (b, n, d) @ (d, k) is one matrix product (torch), not b of them (numpy)
     fused_layernorm = False  # layernorm keeps its row statistics for a fused backward (torch)
+    origin = "fdsl.numbers.numpy_runtime"  # where the runtime helpers come from, for the reader
 
     def dtype_code(self, dtype) -> str:
         return "None" if dtype is None else "np.%s" % dtype
@@ -77,6 +78,7 @@ class TorchTarget(Target):
     pieces = False
     folds_batches = True
     fused_layernorm = True
+    origin = "fdsl.codegen.torch_runtime"
 
     def dtype_code(self, dtype) -> str:
         return "None" if dtype is None else "torch.%s" % dtype

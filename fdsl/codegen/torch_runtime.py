@@ -2,7 +2,7 @@
 
 fdsl never imports this module: its source is copied into every generated torch module (the way
 ``numpy_runtime`` is copied into numpy ones), so a generated module needs torch and nothing else.
-The definitions are those of ``fdsl.backends.numpy_runtime`` (DESIGN.md), written for tensors of
+The definitions are those of ``fdsl.numbers.numpy_runtime`` (DESIGN.md), written for tensors of
 any device and dtype, with an optional leading batch axis (``...`` below):
 
 - ``_softmax(A)``: the softmax of each row (the last axis).
@@ -320,7 +320,7 @@ def _dlayernorm_affine(G, A, mean, rstd, g, b, nb):
     return dA, dg, db
 
 def _dlayernorm(A, B):
-    """layernorm's Jacobian at A on B (as fdsl.backends.numpy_runtime._dlayernorm): torch's fused
+    """layernorm's Jacobian at A on B (as fdsl.numbers.numpy_runtime._dlayernorm): torch's fused
     layer-norm backward (the Jacobian is symmetric), from the row statistics of A."""
     if A.shape != B.shape:
         Xhat, inv = _layer_parts(A)

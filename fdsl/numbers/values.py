@@ -338,7 +338,7 @@ def save_effect(program, path, value) -> Write:
             if isinstance(item, (Term, int, Fraction)) and evaluator is None:
                 evaluator = program_evaluator(program)
             arrays[str(name)] = _to_array(program, item, evaluator)[1]
-        if getattr(value, "sign", None):  # gradients say which sign they hold (fdsl.backends.numpy_grad)
+        if getattr(value, "sign", None):  # gradients say which sign they hold (fdsl.codegen.grads)
             arrays["_sign"] = np.array(value.sign)
     else:
         if isinstance(value, (Term, int, Fraction)):

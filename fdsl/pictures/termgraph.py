@@ -24,8 +24,8 @@ legend       lines (with an optional colour swatch) saying how to read the pictu
 Node data: ``label`` (the text drawn), ``op``, ``term``, ``cluster`` (a cluster id or None),
 ``leafy`` (may be drawn once per use) and ``dot`` (Graphviz attributes). Edge data: ``positions``
 and ``dot``. Graph data: ``roots``, ``legend``, ``clusters`` (id -> label and attributes), ``dot``
-(graph attributes), ``title``. ``fdsl.backends.graphviz`` reads only these, so it draws any graph
-built this way (the dependency views of ``fdsl.backends.depsview`` too).
+(graph attributes), ``title``. ``fdsl.pictures.graphviz`` reads only these, so it draws any graph
+built this way (the dependency views of ``fdsl.pictures.depsview`` too).
 """
 
 from __future__ import annotations

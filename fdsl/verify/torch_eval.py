@@ -14,7 +14,7 @@ user op     an operator a rule file declared (``operator tanh(A) numpy tanh``, o
             fixed table ``fdsl.core.ops.NUMPY_FUNCTIONS`` and the built-in templates) is run with ``np``
             and the runtime helpers standing for torch (``np.tanh`` is ``torch.tanh``); a template
             torch cannot run is an ``FdslError`` naming the operator, never a wrong number.
-values      arrays by printed symbol name, as for ``fdsl.backends.numpy_eval``; ``weights`` lists
+values      arrays by printed symbol name, as for ``fdsl.numbers.numpy_eval``; ``weights`` lists
             the names whose gradients are wanted (their tensors require grad).
 
 torch is optional: ``available()`` says whether it can be imported; nothing else in fdsl needs it.
@@ -64,7 +64,7 @@ class _NumpyInTorch:
 
 
 def _helpers(torch) -> dict:
-    """The runtime helpers of ``fdsl.backends.numpy_runtime`` that templates call, in torch."""
+    """The runtime helpers of ``fdsl.numbers.numpy_runtime`` that templates call, in torch."""
 
     def mul(*factors):
         scale, product = None, None
@@ -258,7 +258,7 @@ class TorchEvaluator:
             expr = spec.numpy.format(*names, args=", ".join(names), args_sum=" + ".join(names),
                                      args_had=" * ".join(names), value="data", exponent="data")
             # the template is the operator's definition, from a rule file already loaded (and
-            # compiled the same way) by fdsl.backends.numpy_eval; no builtins are reachable
+            # compiled the same way) by fdsl.numbers.numpy_eval; no builtins are reachable
             code = compile(expr, "<torch oracle of %s>" % node.op, "eval")
             env = {"__builtins__": {}, "np": _NumpyInTorch(self.torch), "data": data, **_helpers(self.torch)}
             env.update(zip(names, args))

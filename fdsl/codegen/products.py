@@ -13,7 +13,7 @@ chain order  a product bracketed by dynamic programming on the numeric sizes (th
              problem), a sub-word already computed costing nothing and one that k products
              contain 1/k of its work.
 
-``Products`` is a mixin of ``fdsl.backends.lowering.Lowering``: the state it reads (``refs``,
+``Products`` is a mixin of ``fdsl.codegen.lowering.Lowering``: the state it reads (``refs``,
 ``avail``, ``counts``, ``order``, the target) is the lowering's; see that module's doc.
 """
 

@@ -16,8 +16,8 @@ path view    for a weight V and the coefficient of dW (``path_view``): the part 
 overview     which weights appear in which coefficient (``deps_graph``): weights on the left,
              coefficients on the right, an edge ``V -> coeff of dW`` where V appears in G_W.
 
-The graphs are networkx graphs with the node, edge and graph data of ``fdsl.backends.termgraph``,
-so ``fdsl.backends.graphviz`` draws them like term graphs.
+The graphs are networkx graphs with the node, edge and graph data of ``fdsl.pictures.termgraph``,
+so ``fdsl.pictures.graphviz`` draws them like term graphs.
 """
 
 from __future__ import annotations

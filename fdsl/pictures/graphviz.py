@@ -3,8 +3,8 @@ inline in notebooks, through the ``graphviz`` Python package.
 
 Vocabulary
 ----------
-model        the networkx graph of what is drawn (``fdsl.backends.termgraph`` for terms,
-             ``fdsl.backends.depsview`` for the dependency views); this module lays it out.
+model        the networkx graph of what is drawn (``fdsl.pictures.termgraph`` for terms,
+             ``fdsl.pictures.depsview`` for the dependency views); this module lays it out.
 digraph      the ``graphviz.Digraph`` made from a model (``to_digraph``): the package writes the
              DOT text (quoting, escaping, HTML-like legend tables) and runs ``dot``.
 size check   before any layout, a model's nodes and edges are counted against ``max_nodes`` and
@@ -89,7 +89,7 @@ def _table(lines, title: Optional[str] = None) -> str:
 
 
 def to_digraph(graph, name: str = "fdsl", split_leaves: bool = False, title: Optional[str] = None):
-    """The ``graphviz.Digraph`` of a model (see ``fdsl.backends.termgraph`` for what it reads).
+    """The ``graphviz.Digraph`` of a model (see ``fdsl.pictures.termgraph`` for what it reads).
 
     ``split_leaves``: draw the shared nodes marked ``leafy`` (symbols, numbers, transposes of those)
     once per use, inside the user's cluster: a normal form's hundreds of edges to ``X`` and ``s``

@@ -13,7 +13,7 @@ gradient     ``grad(w, W) = G_W^t``, the dual of the form under the Euclidean (F
 gradients    all of them at once, keyed by printed weight name (``Q_0``, ``K_1``, ``b_0``):
              ``gradients(program, w)`` is the one function the CLI, ``grad(w)``, ``save`` and the
              repl go through, and training runs the same generated code: the normal form lowered
-             by ``fdsl.backends.codegen`` (one forward and one backward sweep, each shared subterm
+             by ``fdsl.codegen.generated`` (one forward and one backward sweep, each shared subterm
              once), which ``fdsl.verify.differential`` holds against torch and finite differences.
 
 The gradients are computed from the symbolic normal form, never by numerical differentiation;
@@ -33,8 +33,8 @@ from ..core import terms as T
 from ..core.functions import as_term, describe, function
 from ..core.printers import short
 from ..core.terms import Term, postorder
-from . import numpy_eval
-from .values import Numeric, program_evaluator, program_values
+from ..numbers import numpy_eval
+from ..numbers.values import Numeric, program_evaluator, program_values
 
 # ---- normal forms and coefficients ---------------------------------------------------------------
 
@@ -96,7 +96,7 @@ def gradients(program, w, values: Optional[Mapping] = None, what: str = "the for
     1-form ``w``, over ``values`` (arrays by printed name; by default the program's values): the
     generated code of ``fdsl codegen`` (one forward and one backward sweep), the one lowering
     every gradient goes through."""
-    from .codegen import compile_gradients
+    from .generated import compile_gradients
 
     w = normal_form(program, w, what)
     coeffs = coefficients(program, w, what)  # the checks: a normal form, of weights only

@@ -7,7 +7,7 @@ lowering    the numpy function of an operator, compiled once from its template i
             ``{1}``... the argument values; ``{args}``, ``{args_sum}``, ``{args_had}`` all the
             arguments joined by ``, ``, `` + `` and `` * `` (for n-ary operators); ``{value}`` and
             ``{exponent}`` the number a node carries (``num``, ``pow``). Templates may call ``np``
-            and the helpers of ``fdsl.backends.numpy_runtime`` (``_softmax``, ``_mm``, ``_aa``,
+            and the helpers of ``fdsl.numbers.numpy_runtime`` (``_softmax``, ``_mm``, ``_aa``,
             ``_mul``).
 leaf        ``sym``, ``zero``, ``eye``: their values come from the symbol values and the dims,
             not from a template. ``let`` evaluates as its body; ``d`` has no numeric value, except

@@ -2,7 +2,7 @@
 the sweep with its deletions, the return of the gradients, and of the loss) and the module's
 source (docstring, imports, the target's runtime helpers, the constants built once per dtype).
 
-``ModuleWriter`` is the part of ``fdsl.backends.lowering.Lowering`` that writes; the lowering
+``ModuleWriter`` is the part of ``fdsl.codegen.lowering.Lowering`` that writes; the lowering
 decides what is computed, in which order (its module doc).
 """
 
@@ -112,7 +112,8 @@ class ModuleWriter:
                 self._comments.setdefault(ref.var, "%s := %s" % (name, short(base, 110)))
         target = self.target
         out = [docstring_literal(docstring), ""] + list(target.imports) + ["", ""]
-        out.append("# ---- runtime helpers (fdsl.backends.%s_runtime) " % target.name + "-" * (46 - len(target.name)))
+        head = "# ---- runtime helpers (%s) " % target.origin
+        out.append(head + "-" * max(3, 95 - len(head)))
         out.append("")
         out.append(target.runtime())
         out.append("")

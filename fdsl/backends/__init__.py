@@ -1,1 +1,0 @@
-"""Backends: lowering terms to numpy (evaluation, gradients, generated code) and to Graphviz."""

@@ -1,0 +1,1 @@
+"""Pictures: term graphs and dependency views, drawn with Graphviz."""
