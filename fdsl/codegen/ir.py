@@ -42,17 +42,22 @@ from ..base.errors import FdslError
 class Value:
     """An array or number made once (see the module doc). Compared by identity."""
 
-    __slots__ = ("id", "shape", "batched", "heads", "scalar", "hint", "suffix", "name")
+    __slots__ = ("id", "shape", "batched", "heads", "scalar", "hint", "prefix", "suffix", "numbered", "name")
     _ids = itertools.count()
 
-    def __init__(self, shape=None, batched=False, heads=0, scalar=False, hint=None, suffix=None):
+    def __init__(self, shape=None, batched=False, heads=0, scalar=False, hint=None, prefix="", suffix="",
+                 numbered=False):
         self.id = next(Value._ids)  # creation order: the writer names values in it
         self.shape = tuple(shape) if shape is not None else None
         self.batched = batched
         self.heads = heads
         self.scalar = scalar
         self.hint = hint  # a name hint (a let's name, an input's printed name), or a Value ...
-        self.suffix = suffix  # ... whose name this one's takes with this suffix (``X_h``)
+        self.prefix = prefix  # ... whose name this one's takes between this prefix (``mask_X``) ...
+        self.suffix = suffix  # ... and this suffix (``X_h``)
+        # a clash of names is resolved by a number (``X_2``: the lowering's values) or by
+        # underscores (``X_h_``: values the passes make)
+        self.numbered = numbered
         self.name = None  # set by the writer
 
     def __repr__(self):

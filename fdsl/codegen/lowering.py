@@ -54,9 +54,6 @@ written by ``fdsl.codegen.writer``; the torch training classes by ``fdsl.codegen
 
 from __future__ import annotations
 
-import builtins
-import keyword
-import re
 from fractions import Fraction
 from typing import Mapping, Optional
 
@@ -66,7 +63,6 @@ from ..core.ops import OPS
 from ..core.ops import shown as op_name
 from ..core.printers import short
 from ..core.terms import Term, postorder
-from .fusion import Stmt as _Stmt
 from .fusion import (
     batched_products,
     factored,
@@ -80,11 +76,15 @@ from .fusion import (
     unlet,
 )
 from .heads import grouped_kinds, side_by_side
+from .ir import Dim, Op, Read, Sweep, Value, check
 from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
 from .products import Products, _Ref, canon
 from .schedule import early_results
 from .targets import DTYPES, TARGETS
-from .writer import ModuleWriter
+from .writer import ModuleWriter, Writer
+
+check_passes = False  # the tests set it: the IR is checked after every pass
+passes_on = False  # (while the passes are ported to the IR)
 
 #: size assumed for a dim without one when choosing the order of products
 _GUESSED_SIZE = 64
@@ -99,17 +99,6 @@ def nodes(roots) -> list:
                 seen.add(node)
                 out.append(node)
     return out
-
-
-# ---- names ---------------------------------------------------------------------------------------
-
-
-_TEMP = re.compile(r"t\d+\Z")
-# Names the generated module gives a meaning of its own: its imports, its globals and functions,
-# the builtins. A symbol called INPUTS or grads gets a variable with a suffix (INPUTS_2): a local
-# of the name would hide the global from the function reading it (UnboundLocalError).
-_RESERVED = {"np", "torch", "math", "values", "INPUTS", "DTYPE", "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS",
-             "SHAPES", "DATA", "grads", "grads_and_loss", "loss", "FdslLoss", "Model"} | set(dir(builtins))
 
 
 # ---- the lowering -------------------------------------------------------------------------------
@@ -129,26 +118,25 @@ class Lowering(Products, ModuleWriter):
         # the loss the module also returns: E for 1/2 ||E||^2 (w = form(E)), or a scalar L (w = -d(L))
         self.loss = loss
         self.sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
-        self.module_consts: list = []  # (var, code): built once, at import
-        self.inputs: list = []  # statements reading values[...]
-        self.array_inputs: dict = {}  # variable -> printed name, of the matrix inputs
-        self.batch_inputs: set = set()  # the variables of inputs that may carry a batch axis
-        self.dim_stmts: list = []  # sizes read off input shapes
-        self.runtime_consts: list = []  # constants whose shape has a dim known only at call time
-        self.body: list = []  # _Stmt, in topological order
+        self.module_consts: list = []  # const ops: built once, at import
+        self.inputs: list = []  # input and scalar_input ops: values[...]
+        self.array_inputs: dict = {}  # Value -> printed name, of the matrix inputs
+        self.batch_inputs: set = set()  # the Values of inputs that may carry a batch axis
+        self.dim_stmts: list = []  # dim ops: sizes read off input shapes
+        self.runtime_consts: list = []  # const ops whose shape has a dim known only at call time
+        self.sweep = Sweep()  # the ops of the sweep, in topological order
+        self.values: list = []  # every value the lowering made, in order (the writer names them so)
         self.refs: dict = {}  # base -> _Ref
-        self.names: set = set(_RESERVED)
-        self.counter = 0
-        self.avail: dict = {}  # canonical sub-word key -> (var, flip)
-        self.masks: dict = {}  # base -> variable holding (value of base > 0) in its storage
+        self.avail: dict = {}  # canonical sub-word key -> (Value, flip)
+        self.masks: dict = {}  # base -> the Value holding (value of base > 0) in its storage
         self.softmaxes: dict = {}  # (base, flip) -> _Ref of the row softmax of that argument
         self.layernorm_stats: dict = {}  # (base, flip) -> the variables of its row mean and 1/sigma
         self.sums: list = []  # (summands as (sign, broadcast, base, flip), flip, _Ref) of each sum computed
         self.const_memo: dict = {}
         self.flops = 0  # multiply-adds of the matrix products, for reports
-        self.runtime_dims: dict = {}  # dim name -> variable
+        self.runtime_dims: dict = {}  # dim name -> the Value of its size
         self.let_names: dict = {}  # base -> the name of a let bound to it (X_1, G_7): its variable
-        self._comments: dict = {}  # variable -> the binding it computes, for the reader
+        self._comments: dict = {}  # Value -> the binding it computes, for the reader
         # subterms equal up to let names are one computation: the body of ``gpt_2 := ...`` in the
         # normal form and its copy inline in the loss (or in a natural spelling, where the names
         # were found) are one base. Lets are stripped from every term first, their names kept.
@@ -167,26 +155,22 @@ class Lowering(Products, ModuleWriter):
             self.loss = fewer[plain[loss]]
         self.nodes = nodes(list(self.outputs.values()) + ([self.loss] if loss is not None else []))
         self._order()
+        self.writer = Writer(self.target)
 
-    # -- names
+    # -- values
 
-    def _fresh(self, hint: Optional[str] = None) -> str:
-        if hint is not None:
-            base = re.sub(r"\W", "_", hint)
-            if not base.isidentifier() or keyword.iskeyword(base) or base.startswith("_") or _TEMP.match(base):
-                base = "v_" + base
-            name, i = base, 1
-            while name in self.names:
-                i += 1
-                name = "%s_%d" % (base, i)
-            self.names.add(name)
-            return name
-        while True:
-            self.counter += 1
-            name = "t%d" % self.counter
-            if name not in self.names:
-                self.names.add(name)
-                return name
+    def _value(self, hint=None, shape=None, batched=False, scalar=False, prefix="", suffix="") -> Value:
+        """A new value (the writer names it: after ``hint``, a string or another value)."""
+        v = Value(shape, batched, scalar=scalar, hint=hint, prefix=prefix, suffix=suffix, numbered=True)
+        self.values.append(v)
+        return v
+
+    def _add(self, op: Op) -> Op:
+        """Append ``op`` to the sweep; its results vary per example when anything it reads does."""
+        if any(v.batched for v in op.values_read() if not v.scalar):
+            for v in op.outs:
+                v.batched = True
+        return self.sweep.append(op)
 
     # -- sizes and constants
 
@@ -200,38 +184,39 @@ class Lowering(Products, ModuleWriter):
         return s if s is not None else _GUESSED_SIZE
 
     def _dim_code(self, dim) -> tuple:
-        """(code for the size of ``dim``, whether it is known only at call time)."""
+        """(the size of ``dim``: an int, or the Value of a size read at call time, whether it is
+        known only at call time)."""
         s = self.size(dim)
         if s is not None:
-            return str(s), False
+            return s, False
         var = self.runtime_dims.get(dim)
         if var is None:
             var = self.runtime_dims[dim] = self._bind_dim(dim)
         return var, True
 
-    def _bind_dim(self, dim) -> str:
-        for stmt, shape in self._input_shapes:
+    def _bind_dim(self, dim) -> Value:
+        for value, shape in self._input_shapes:
             for axis, side in enumerate(shape):
                 if side == dim:
-                    var = self._fresh("n_" + dim)
-                    self.dim_stmts.append(_Stmt(var, "%s = %s.shape[%d]" % (var, stmt, axis), ()))
+                    var = self._value("n_" + dim, scalar=True)
+                    # the axis counted from the end: a batch axis before the rows does not move it
+                    self.dim_stmts.append(Op("dim", [var], [Read(value)], axis=axis))
                     return var
         raise FdslError("dim %s has no size, and no input whose shape has it: declare it with one "
                         "(dim %s = 8) to generate code" % (dim, dim))
 
     def _shape_code(self, shape) -> tuple:
+        """(the sizes of ``shape``: ints or Values, whether one is known only at call time)."""
         parts = [self._dim_code(side) for side in shape]
-        return "(%s)" % ", ".join(p for p, _ in parts), any(r for _, r in parts)
+        return tuple(p for p, _ in parts), any(r for _, r in parts)
 
     def _constant(self, make: str, shape, hint) -> _Ref:
         """A constant array ``ones(shape)``, ``zeros(shape)`` or ``eye(rows)`` (``make``) in the
         working dtype: built once per dtype (and device) when its size is known."""
-        parts = [self._dim_code(side) for side in shape]
-        runtime = any(r for _, r in parts)
-        args = parts[0][0] if make in ("eye", "causal") else "(%s)" % ", ".join(p for p, _ in parts)
-        var = self._fresh(hint)
-        stmt = (var, "%s = %s" % (var, self.target.constant(make, args)))
-        (self.runtime_consts if runtime else self.module_consts).append(stmt)
+        sizes, runtime = self._shape_code(shape)
+        var = self._value(hint, tuple(shape))
+        op = Op("const", [var], make=make, shape=sizes)
+        (self.runtime_consts if runtime else self.module_consts).append(op)
         return _Ref(var)
 
     def const_scalar(self, t: Term) -> Optional[float]:
@@ -379,76 +364,86 @@ class Lowering(Products, ModuleWriter):
 
     # -- emission
 
-    def lower(self):
+    def lower(self) -> dict:
+        """Emit the sweep, run the passes over it; the results: printed name -> (how it is handed
+        out: "full" (a scalar as an array of the output's shape), "copy" or "plain", the ref,
+        whether it is already summed over a batch (the shape's sizes, for "full"))."""
         for b in self.order:
             if b not in self.refs:
                 self.refs[b] = self._emit(b)
         results = {}
-        device = ", _dev" if self.target.device else ""
-        inputs = {s.target for s in self.inputs}
+        inputs = {op.out for op in self.inputs}
+        consts = {op.out for op in self.module_consts + self.runtime_consts}
         handed_out: set = set()
         for name, t in self.outputs.items():
             ref = self.ref(t)
-            # (code without a batch, code with one): a gradient is summed over a batch
             if ref.scalar:
-                shape, _ = self._shape_code(t.shape)
-                code = "_full(%s, %s, _nb, _dt%s)" % (shape, ref.var, device)
-                results[name] = ((code, code), (ref.var,))
-            elif (ref.var in self._module_vars() or ref.var in self._runtime_const_vars() or ref.var in inputs
-                  or ref.var in handed_out):
+                results[name] = ("full", ref, self._shape_code(t.shape)[0])
+            elif ref.var in consts or ref.var in inputs or ref.var in handed_out:
                 # never hand out a constant, the caller's own array, or one array as two results
-                code = "_copy(%s)" % ref.expr()
-                results[name] = ((code, "_total(%s, _nb)" % code), (ref.var,))
+                results[name] = ("copy", ref, False)
             else:
-                summed = bool(self.batched) and any(f(self.body, ref.var) for f in (summed_product, summed_reduction))
-                results[name] = ((ref.expr(), ref.expr() if summed else "_total(%s, _nb)" % ref.expr()), (ref.var,))
+                summed = passes_on and bool(self.batched) and any(
+                    f(self.sweep, ref.var) for f in (summed_product, summed_reduction))
+                results[name] = ("plain", ref, summed)
                 handed_out.add(ref.var)
-        folds = self._batched_vars() if self.target.folds_batches else None
-        returned = {v for (codes, uses) in results.values() for v in uses}
-        self.body = shared_scalings(group_products(group_sums(transposed_reads(self.body, returned, folds), folds)))
-        if self.target.folds_batches:  # torch: a product of two batches is one bmm, not matmul's five calls
-            self.body = batched_products(self.body, self._batched_vars())
-            # and the heads of an attention as one chain on stacks (fusion.stacked_heads)
-            returned |= {self.ref(self.loss).var} if self.loss is not None else set()
-            shapes = {ref.var: (b.shape[::-1] if ref.flip else b.shape) for b, ref in self.refs.items()
-                      if not ref.scalar and not b.scalar}
-            for key, (var, f) in self.avail.items():  # the products within products (a grouped one's slices)
-                ends = (self._oriented_shape((self.order[key[0][0]], key[0][1]))[0],
-                        self._oriented_shape((self.order[key[-1][0]], key[-1][1]))[1])
-                shapes.setdefault(var, ends[::-1] if f else ends)
-            self.body = stacked_heads(self.body, self._batched_vars(), shapes, returned)
-            returned = set(returned)
-            self.body = side_by_side(grouped_kinds(self.body, shapes), returned, shapes)
-            self.body = added_products(self.body, returned)
-            self.body = added_in_place(self.body, returned)
-            self.body = logsoftmax_backwards(affine_layernorms(self.body, returned), returned)
+        returned = {r.var for _, r, _ in results.values() if isinstance(r.var, Value)}
         loss = {self.ref(self.loss).var} if self.loss is not None else set()
-        self.body = early_results(self.body, returned | loss)  # each gradient when its adjoint is known
+        loss = {v for v in loss if isinstance(v, Value)}
+        self.run_passes(returned, loss)
         return results
 
-    def _batched_vars(self) -> set:
-        """The variables that hold a value computed from the data (so may carry a batch axis)."""
-        out = {ref.var for b, ref in self.refs.items() if b in self.batched and not ref.scalar}
-        for key, (var, _) in self.avail.items():
-            if any(self.order[uid] in self.batched for uid, _ in key):
-                out.add(var)
-        return out
+    def run_passes(self, returned: set, loss: set) -> None:
+        """The passes over the sweep (see the module doc), each a structural rewrite of the IR;
+        with ``check_passes`` set (the tests set it), the IR is checked after every one."""
+        if not passes_on:
+            return
+        folds = self.target.folds_batches
+        given = self.given()
+        steps = [
+            lambda s: transposed_reads(s, returned, folds),
+            lambda s: group_sums(s, returned, folds),
+            lambda s: group_products(s, returned),
+            lambda s: shared_scalings(s, returned),
+        ]
+        if folds:  # torch: a product of two batches is one bmm, not matmul's five calls
+            kept = returned | loss
+            steps += [
+                lambda s: batched_products(s, kept),
+                lambda s: stacked_heads(s, kept),  # the heads of an attention as one chain on stacks
+                lambda s: grouped_kinds(s, kept),
+                lambda s: side_by_side(s, kept),
+                lambda s: added_products(s, kept),
+                lambda s: added_in_place(s, kept),
+                lambda s: affine_layernorms(s, kept),
+                lambda s: logsoftmax_backwards(s, kept),
+            ]
+        steps.append(lambda s: early_results(s, returned | loss))  # each gradient when its adjoint is known
+        for step in steps:
+            step(self.sweep)
+            if check_passes:
+                check(self.sweep, given)
+
+    def given(self) -> list:
+        """The values made before the sweep: inputs, dims, constants."""
+        return [v for op in self.inputs + self.dim_stmts + self.module_consts + self.runtime_consts for v in op.outs]
 
     def ref(self, t: Term) -> _Ref:
         b, f = canon(t)
         if t.scalar:
             c = self.const_scalar(t)
             if c is not None:
-                return _Ref(repr(c), False, True)
+                return _Ref(c, False, True)
         r = self.refs[b]
         return r.t() if f else r
 
-    def _emit_stmt(self, target, code, uses):
-        self.body.append(_Stmt(target, code, tuple(u for u in uses if u.isidentifier())))
-
-    def _new(self, b: Optional[Term], code_of_target, uses, scalar=False, flip=False) -> _Ref:
-        var = self._fresh(self._hint(b))
-        self._emit_stmt(var, code_of_target(var), uses)
+    def _new(self, b: Optional[Term], kind: str, args, scalar=False, flip=False, shape=None, **attrs) -> _Ref:
+        """The ref of a new value, made by a new op of ``kind`` (of ``b``, or of nothing a term
+        names: ``shape`` then gives its shape), stored transposed when ``flip``."""
+        if shape is None and b is not None and not scalar and b.shape:
+            shape = b.shape[::-1] if flip else b.shape
+        var = self._value(self._hint(b), shape, scalar=scalar)
+        self._add(Op(kind, [var], args, **attrs))
         return _Ref(var, flip, scalar)
 
     def _hint(self, b: Optional[Term]) -> Optional[str]:
@@ -461,20 +456,18 @@ class Lowering(Products, ModuleWriter):
     def _input(self, b: Term) -> _Ref:
         symbol, shape = b.data
         name = symbol.printed()
-        var = self._fresh(name)
         if b.scalar:  # declared scalars and scalar weights
-            self.inputs.append(_Stmt(var, "%s = _scalar(values, %r)" % (var, name), ()))
+            var = self._value(name, scalar=True)
+            self.inputs.append(Op("scalar_input", [var], name=name))
             return _Ref(var, False, True)
-        self._input_shapes.append((var, shape))
-        known = [self.size(side) for side in shape]
-        shape_code = "(%s)" % ", ".join(str(s) for s in known) if None not in known else "None"
         batched = symbol.kind == "const"  # a constant may vary per example; a weight may not
+        var = self._value(name, shape, batched=batched)
+        self._input_shapes.append((var, shape))
+        known = tuple(self.size(side) for side in shape)
         self.array_inputs[var] = name
         if batched:
             self.batch_inputs.add(var)
-        device = ", _dev" if self.target.device else ""
-        self.inputs.append(_Stmt(var, "%s = _input(values, %r, %s, %s, _dt%s)" % (var, name, shape_code, batched,
-                                                                                    device), ()))
+        self.inputs.append(Op("input", [var], name=name, shape=known if None not in known else None, batched=batched))
         return _Ref(var)
 
     def _emit(self, b: Term) -> _Ref:
@@ -486,7 +479,7 @@ class Lowering(Products, ModuleWriter):
         if op == "sym":
             return self._symbol(b)
         if op == "num":
-            return _Ref(repr(float(b.data)), False, True)
+            return _Ref(float(b.data), False, True)
         if op == "zero":
             return self._constant("zeros", b.data, "zeros")
         if op == "eye":
@@ -506,11 +499,16 @@ class Lowering(Products, ModuleWriter):
             return self._mm(b)
         if op == "aa":
             return self._aa(b)
-        if op == "a":
+        if op == "a":  # the softmax kind, as aa's softmax: one op for one meaning
             a, fa = canon(b.args[0])
-            ref = self._template(b)
+            x = self._matrix(self.ref(b.args[0]))
+            ref = self._new(b, "softmax", [x.read()])
             self.softmaxes.setdefault((a, fa), ref)
             return ref
+        if op == "rowsum":  # the sum_axis kind, as a product with a column of ones
+            x = self._matrix(self.ref(b.args[0]))
+            kind, args, attrs = self._sum_axis(x.read(), 1)
+            return self._new(b, kind, args, **attrs)
         if op in ("layernorm", "dlayernorm") and self.target.fused_layernorm:
             return self._layernorm(b)
         return self._template(b)
@@ -525,20 +523,20 @@ class Lowering(Products, ModuleWriter):
             if stats is None:
                 return self._template(b)
             x, y = (self._matrix(self.ref(t)) for t in b.args)
-            return self._new(b, lambda v: "%s = _dlayernorm_stats(%s, %s, %s, %s)" % (v, x.expr(), y.expr(), *stats),
-                             [x.var, y.var] + list(stats))
+            return self._new(b, "dlayernorm_stats", [x.read(), y.read()] + [Read(s) for s in stats])
         x = self._matrix(self.ref(b.args[0]))
-        var = self._fresh(self._hint(b))
-        stats = (self._fresh(var + "_mean"), self._fresh(var + "_rstd"))
-        self._emit_stmt(var, "%s, %s, %s = _layernorm_stats(%s)" % (var, stats[0], stats[1], x.expr()), [x.var])
+        var = self._value(self._hint(b), b.shape)
+        rows = (b.shape[0], 1)
+        stats = (self._value(var, rows, suffix="_mean"), self._value(var, rows, suffix="_rstd"))
+        self._add(Op("layernorm_stats", [var, *stats], [x.read()]))
         self.layernorm_stats[(a, fa)] = stats
         return _Ref(var)
 
     def _symbol(self, b: Term) -> _Ref:
         symbol, shape = b.data
         if symbol.kind == "dim":
-            code, _ = self._dim_code(symbol.name)
-            return _Ref("float(%s)" % code, False, True)
+            size, _ = self._dim_code(symbol.name)
+            return _Ref(Dim(size), False, True)
         if symbol.value == "ones":
             return self._constant("ones", shape, symbol.printed())
         if symbol.value == "identity":
@@ -562,38 +560,34 @@ class Lowering(Products, ModuleWriter):
     def _scalar_op(self, b: Term) -> _Ref:
         word = self._trace_word(b) if b.op == "trace" else None
         args = [] if word is not None else [self.ref(x) for x in b.args]
-        uses = [a.var for a in args]
-        if b.op == "add":
-            code = " + ".join("(%s)" % a.var for a in args)
-        elif b.op == "mul":
-            code = " * ".join("(%s)" % a.var for a in args)
-        elif b.op == "pow":
-            code = "(%s) ** %r" % (args[0].var, float(b.data))
-        elif word is not None:  # trace(P Q)
+        if b.op in ("add", "mul"):
+            return self._new(b, "scalar_op", [a.var for a in args], scalar=True, op=b.op)
+        if b.op == "pow":
+            return self._new(b, "scalar_op", [args[0].var], scalar=True, op="pow", exponent=float(b.data))
+        if word is not None:  # trace(P Q)
             p, q = (self._factor(f) for f in word)
-            code, uses = "_trace_product(%s, %s)" % (p.expr(), q.expr()), [p.var, q.var]
-        elif b.op == "trace":
-            code = "_trace(%s)" % args[0].expr()
-        else:  # a template on 1 x 1 arrays, read back as a number
-            arrays = [_Ref(self.target.constant("full", "(1, 1), %s" % a.var)) if a.scalar else a for a in args]
-            code = "_as_float(%s)" % self._template_code(b, arrays)
-        return self._new(b, lambda v: "%s = %s" % (v, code), uses, scalar=True)
+            return self._new(b, "trace_product", [p.read(), q.read()], scalar=True)
+        if b.op == "trace":
+            return self._new(b, "trace", [args[0].read()], scalar=True)
+        # a template on 1 x 1 arrays (the scalars made so), read back as a number
+        self._template_of(b)
+        operands = [a.var if a.scalar else a.read() for a in args]
+        return self._new(b, "scalar_template", operands, scalar=True, op=b.op, data=self._data(b))
 
-    def _template_code(self, b: Term, args) -> str:
+    def _template_of(self, b: Term) -> str:
+        """The target's template of ``b``'s operator (an FdslError where it has none)."""
         spec = OPS.get(b.op)
         template = self.target.template(spec, b.op) if spec is not None else None
         if template is None:
             raise FdslError("operator %s has no %s implementation, so code cannot be generated for %s%s"
                             % (op_name(b.op), self.target.name, short(b), "" if self.target.name == "numpy" else
                                " (its numpy template uses functions torch does not spell the same way)"))
-        exprs = [a.expr() for a in args]
-        data = repr(float(b.data)) if isinstance(b.data, Fraction) else repr(b.data)
-        try:
-            return template.format(*exprs, args=", ".join(exprs), args_sum=" + ".join(exprs),
-                                     args_had=" * ".join(exprs), value=data, exponent=data)
-        except (KeyError, IndexError) as e:
-            raise FdslError("the numpy template of operator %s, %r, uses an unknown placeholder %s"
-                            % (op_name(b.op), spec.numpy, e)) from None
+        return template
+
+    @staticmethod
+    def _data(b: Term):
+        """The number an operator's template may read (``{value}``, ``{exponent}``), as a float."""
+        return float(b.data) if isinstance(b.data, Fraction) else b.data
 
     def _hadamard_args(self, b: Term) -> list:
         """The factors of a Hadamard product as computed: a factor ``C r`` (C a column of ones, r a
@@ -616,13 +610,12 @@ class Lowering(Products, ModuleWriter):
     def _template(self, b: Term) -> _Ref:
         args = [self._matrix(self.ref(x)) for x in (self._hadamard_args(b) if b.op == "had" else b.args)]
         spec = OPS.get(b.op)
+        self._template_of(b)
         if spec is not None and spec.elementwise and all(a.flip for a in args):
             # f(A^t, B^t) = f(A, B)^t entry by entry: computed on the stored matrices, read transposed
             # (a kernel over transposed views is a third slower: dgelu in a backward sweep)
-            code = self._template_code(b, [a.t() for a in args])
-            return self._new(b, lambda v: "%s = %s" % (v, code), [a.var for a in args], flip=True)
-        code = self._template_code(b, args)
-        return self._new(b, lambda v: "%s = %s" % (v, code), [a.var for a in args])
+            return self._new(b, "template", [a.t().read() for a in args], flip=True, op=b.op, data=self._data(b))
+        return self._new(b, "template", [a.read() for a in args], op=b.op, data=self._data(b))
 
     # -- sums and the derivatives of relu and softmax
 
@@ -643,25 +636,22 @@ class Lowering(Products, ModuleWriter):
         # batch axis first, so that the rest can be added in place into it
         parts.sort(key=lambda p: (p[0], not p[3], p[1]))
         broadcast0, negative0, first, _ = parts[0]
-        uses = [p[2].var for p in parts]
+        # the terms of the first statement (the writer adds the rest in place, into an array of its own)
         if broadcast0:  # only rows: start from zeros of the full shape
             zeros = self._constant("zeros", b.shape if not flip else b.shape[::-1], "zeros")
-            uses.append(zeros.var)
-            head, rest = zeros.var, parts
+            head, rest = [(False, zeros), parts[0][1:3]], parts[1:]
         elif negative0:
-            head, rest = "-%s" % first.expr(), parts[1:]
+            head, rest = [(True, first)], parts[1:]
         else:
-            (_, neg1, second, _), rest = parts[1], parts[2:]
-            head = "%s %s %s" % (first.expr(), "-" if neg1 else "+", second.expr())
+            head, rest = [(False, first), parts[1][1:3]], parts[2:]
         if rest and any(p[3] for p in rest) and (broadcast0 or not parts[0][3]):
             # the head has no batch axis but a later part may: add that one out of place
             i = next(i for i, p in enumerate(rest) if p[3])
-            _, negative, r, _ = rest[i]
-            head = "%s %s %s" % (head, "-" if negative else "+", r.expr())
+            head.append(rest[i][1:3])
             rest = rest[:i] + rest[i + 1:]
-        ref = self._new(b, lambda v: "%s = %s" % (v, head), uses, flip=flip)
-        for _, negative, r, _ in rest:
-            self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
+        terms = head + [p[1:3] for p in rest]
+        ref = self._new(b, "sum", [r.read() for _, r in terms], flip=flip,
+                        signs=tuple(-1 if negative else 1 for negative, _ in terms), head=len(head))
         if len(set(keys)) == len(keys) and not broadcast0:
             self.sums.append((frozenset(keys), flip, ref))
         return ref
@@ -678,11 +668,9 @@ class Lowering(Products, ModuleWriter):
             return None
         summands, earlier = best
         rest = sorted((p for key, p in parts.items() if key not in summands), key=lambda p: (not p[3], p[0]))
-        (_, negative, second, _), rest = rest[0], rest[1:]
-        head = "%s %s %s" % (earlier.var, "-" if negative else "+", second.expr())
-        ref = self._new(b, lambda v: "%s = %s" % (v, head), [earlier.var, second.var], flip=flip)
-        for _, negative, r, _ in rest:
-            self._emit_stmt(ref.var, "%s %s= %s" % (ref.var, "-" if negative else "+", r.expr()), [ref.var, r.var])
+        terms = [(False, earlier)] + [p[1:3] for p in rest]
+        ref = self._new(b, "sum", [r.read() for _, r in terms], flip=flip,
+                        signs=tuple(-1 if negative else 1 for negative, _ in terms), head=2)
         self.sums.append((frozenset(keys), flip, ref))
         return ref
 
@@ -692,8 +680,8 @@ class Lowering(Products, ModuleWriter):
         var = self.masks.get(a)
         if var is None:
             stored = self._matrix(self.ref(a)) if a.scalar else self.refs[a]
-            var = self.masks[a] = self._fresh("mask_" + stored.var if stored.var.isidentifier() else None)
-            self._emit_stmt(var, "%s = %s > 0" % (var, stored.var), [stored.var])
+            var = self.masks[a] = self._value(stored.var, stored.var.shape, prefix="mask_")
+            self._add(Op("mask", [var], [Read(stored.var)]))
         return _Ref(var, False if a.scalar else self.refs[a].flip)
 
     def _matrix(self, ref: _Ref) -> _Ref:
@@ -701,8 +689,7 @@ class Lowering(Products, ModuleWriter):
         operator (mm, aa, a template) may be a scalar term such as eye(1) = 1 or trace(A)."""
         if not ref.scalar:
             return ref
-        device = ", _dev" if self.target.device else ""
-        return self._new(None, lambda v: "%s = _scalar_matrix(%s, _dt%s)" % (v, ref.var, device), [ref.var])
+        return self._new(None, "scalar_matrix", [ref.var], shape=(1, 1))
 
     def _mm(self, b: Term) -> _Ref:
         a, fa = canon(b.args[0])
@@ -713,14 +700,14 @@ class Lowering(Products, ModuleWriter):
         x = self._matrix(self.ref(b.args[1]))
         if flip:
             x = x.t()
-        return self._new(b, lambda v: "%s = %s * %s" % (v, mask.var, x.expr()), [mask.var, x.var], flip=flip)
+        return self._new(b, "masked", [Read(mask.var), x.read()], flip=flip)
 
     def _aa(self, b: Term) -> _Ref:
         a, fa = canon(b.args[0])
         s = self.softmaxes.get((a, fa))
         if s is None:  # no a(A) in the forward sweep: the softmax once per distinct A
             arg = self._matrix(self.ref(b.args[0]))
-            s = self._new(None, lambda v: "%s = _softmax(%s)" % (v, arg.expr()), [arg.var])
+            s = self._new(None, "softmax", [arg.read()], shape=b.shape)
             self.softmaxes[(a, fa)] = s
         x = self._matrix(self.ref(b.args[1]))
-        return self._new(b, lambda v: "%s = _aa_given(%s, %s)" % (v, s.expr(), x.expr()), [s.var, x.var])
+        return self._new(b, "aa_given", [s.read(), x.read()])

@@ -2,8 +2,8 @@
 
 Vocabulary
 ----------
-ref          how a term is read from the generated variables: a variable, transposed or not
-             (``_Ref``); scalar terms are Python floats or literals.
+ref          how a term is read from the sweep's values (``_Ref``): a value, transposed or not;
+             a scalar term is a scalar operand (a float, a scalar value, a dim's size).
 word         the matrix factors of a product as (base, transposed) pairs (``canon``: a term's base
              and whether it is its transpose, let names looked through); its scalar factors stand
              apart and are multiplied in last, into the smallest of the two operands of the last
@@ -22,17 +22,17 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from ..core.terms import Term
-from .fusion import transposed as _transposed
+from .ir import Op, Read
 
 
 class _Ref(NamedTuple):
-    var: str  # a variable, or a literal for constant scalars
-    flip: bool = False  # the value is var.T
+    var: object  # a Value; for a constant scalar, a float or a Dim
+    flip: bool = False  # the term is the transpose of the value
     scalar: bool = False
 
-    def expr(self) -> str:
-        # .mT swaps the last two axes (numpy >= 2 and torch alike): a batch of matrices works too
-        return self.var + ".mT" if self.flip and not self.scalar else self.var
+    def read(self, scale: tuple = ()) -> Read:
+        """The IR read of this ref (a matrix), times ``scale``."""
+        return Read(self.var, self.flip, tuple(scale))
 
     def t(self) -> "_Ref":
         return self if self.scalar else _Ref(self.var, not self.flip, False)
@@ -87,15 +87,14 @@ class Products:
         flip = self.store_flip.get(b, False)
         if flip:  # compute the transpose: the reversed word, each factor transposed
             word = [(x, not f) for x, f in reversed(word)]
-        scale = [repr(coeff)] if coeff != 1.0 else []
-        scale += [self.ref(s).var for s in scalars]
-        scale_code = " * ".join(scale)
+        # the scale is an operand, however it was written: a number, a scalar of the data, a weight
+        scale = ([coeff] if coeff != 1.0 else []) + [self.ref(s).var for s in scalars]
+        scale = tuple(scale)
         if len(word) == 1:
             x = self._factor(word[0])
             if not scale:
                 return x.t() if flip else x
-            code = ("-%s" % x.expr()) if scale_code == "-1.0" else "%s * %s" % (scale_code, x.expr())
-            return self._new(b, lambda v: "%s = %s" % (v, code), [x.var] + scale, flip=flip)
+            return self._new(b, "scale", [x.read(scale)], flip=flip)
         split = self._plan(word)
         self._release(word, split)
         key, _ = self._key(word)
@@ -105,8 +104,7 @@ class Products:
         if key in self.avail or self.counts.get(key, 1) > 1:
             # the unscaled product is (or will be) shared: compute it once, scale a copy
             whole = self._interval(word, split, 0, len(word) - 1)
-            return self._new(b, lambda v: "%s = %s * %s" % (v, scale_code, whole.expr()),
-                             [whole.var] + scale, flip=flip)
+            return self._new(b, "scale", [whole.read(scale)], flip=flip)
         s = split[0][len(word) - 1]
         left = self._interval(word, split, 0, s)
         right = self._interval(word, split, s + 1, len(word) - 1)
@@ -119,22 +117,17 @@ class Products:
         # on it would be lost, so it goes on the other side or the result
         sizes.pop(self._ones_side(word[:s + 1], word[s + 1:]), None)
         where = min(sizes, key=sizes.get)
-        lhs, rhs = left.expr(), right.expr()
-        uses = [left.var, right.var] + scale
+        lhs, rhs = left.read(), right.read()
         if where == "left":
-            lhs = "(%s * %s)" % (scale_code, lhs)
+            lhs = left.read(scale)
         elif where == "right":
-            rhs = "(%s * %s)" % (scale_code, rhs)
+            rhs = right.read(scale)
         if where != "out" and self._folds(word[:s + 1], word[s + 1:]):  # as in _interval
-            return self._new(b, lambda v: "%s = %s @ %s" % (v, _transposed(rhs), _transposed(lhs)), uses,
-                             flip=not flip)
-        if where != "out":
-            return self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
-                                                                       left, right)), uses, flip=flip)
-        ref = self._new(b, lambda v: "%s = %s" % (v, self._matmul(lhs, rhs, word[:s + 1], word[s + 1:],
-                                                                  left, right)), uses, flip=flip)
-        self._emit_stmt(ref.var, "%s *= %s" % (ref.var, scale_code), [ref.var] + scale)
-        return ref
+            return self._new(b, "matmul", [rhs.T(), lhs.T()], flip=not flip)
+        kind, args, attrs = self._matmul(lhs, rhs, word[:s + 1], word[s + 1:], left, right)
+        if where == "out":
+            attrs["out_scale"] = scale
+        return self._new(b, kind, args, flip=flip, **attrs)
 
     def _factor(self, factor) -> _Ref:
         b, f = factor
@@ -192,13 +185,15 @@ class Products:
         right = self._interval(word, split, s + 1, j)
         self.flops += (self._guess(self._oriented_shape(word[i])[0]) * self._guess(self._oriented_shape(word[s])[1])
                        * self._guess(self._oriented_shape(word[j])[1]))
-        var = self._fresh(hint)
+        rows, cols = self._oriented_shape(word[i])[0], self._oriented_shape(word[j])[1]
         if self._folds(word[i:s + 1], word[s + 1:j + 1]):  # (B^t A^t)^t: the batch on the left
-            self._emit_stmt(var, "%s = %s @ %s" % (var, right.t().expr(), left.t().expr()), [left.var, right.var])
+            var = self._value(hint, (cols, rows))
+            self._add(Op("matmul", [var], [right.t().read(), left.t().read()]))
             self.avail[key] = (var, not rel)
             return _Ref(var, True)
-        code = self._matmul(left.expr(), right.expr(), word[i:s + 1], word[s + 1:j + 1], left, right)
-        self._emit_stmt(var, "%s = %s" % (var, code), [left.var, right.var])
+        var = self._value(hint, (rows, cols))
+        kind, args, attrs = self._matmul(left.read(), right.read(), word[i:s + 1], word[s + 1:j + 1], left, right)
+        self._add(Op(kind, [var], args, **attrs))
         self.avail[key] = (var, rel)
         return _Ref(var)
 
@@ -220,28 +215,27 @@ class Products:
             return "left"
         return None
 
-    def _matmul(self, lhs, rhs, lword, rword, left, right) -> str:
-        """``lhs @ rhs``, or a row or column sum when one side is a single vector of ones (whose
-        expression must then be the plain vector: nothing on that side is read)."""
+    def _matmul(self, lhs: Read, rhs: Read, lword, rword, left, right) -> tuple:
+        """(kind, operands, attributes) of ``lhs @ rhs``, or of a row or column sum when one side
+        is a single vector of ones (which must then be read plain: nothing on that side is read)."""
         side = self._ones_side(lword, rword)
         if side == "right":
-            assert rhs == right.expr(), "a scaled vector of ones would be summed away"
-            return self._sum_axis(left, 1, lhs)
+            assert rhs == right.read(), "a scaled vector of ones would be summed away"
+            return self._sum_axis(lhs, 1)
         if side == "left":
-            assert lhs == left.expr(), "a scaled vector of ones would be summed away"
-            return self._sum_axis(right, 0, rhs)
-        return "%s @ %s" % (lhs, rhs)
+            assert lhs == left.read(), "a scaled vector of ones would be summed away"
+            return self._sum_axis(rhs, 0)
+        return "matmul", [lhs, rhs], {}
 
     @staticmethod
     def _ones_factor(factor) -> bool:
         b, _ = factor
         return b.op == "ones" or (b.op == "sym" and b.data[0].value == "ones")
 
-    def _sum_axis(self, ref: _Ref, axis: int, expr: str) -> str:
-        """The sum of the columns (axis 0) or rows (axis 1) of a matrix, kept 2-d; counted from
-        the end (-2, -1), so that a batch of matrices is summed matrix by matrix."""
-        if expr != ref.expr():  # scaled: sum the expression as it is
-            return self.target.sum_axis("(%s)" % expr, axis - 2)
-        if ref.flip:  # sum the stored array along the other axis: contiguous, then a view
-            return self.target.sum_axis(ref.var, -1 - axis) + ".mT"
-        return self.target.sum_axis(ref.var, axis - 2)
+    def _sum_axis(self, x: Read, axis: int) -> tuple:
+        """(kind, operands, attributes) of the sum of the columns (axis 0) or rows (axis 1) of a
+        matrix, kept 2-d; counted from the end (-2, -1), so that a batch of matrices is summed
+        matrix by matrix."""
+        if x.t and not x.scale:  # sum the stored array along the other axis: contiguous, then a view
+            return "sum_axis", [x.T()], {"axis": -1 - axis, "view_t": True}
+        return "sum_axis", [x], {"axis": axis - 2}

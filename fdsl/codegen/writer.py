@@ -1,78 +1,361 @@
-"""The module around the lowering's statements: the generated function's body (inputs, constants,
-the sweep with its deletions, the return of the gradients, and of the loss) and the module's
-source (docstring, imports, the target's runtime helpers, the constants built once per dtype).
+"""The writers: the statement IR spelled as Python, the one place that writes generated code.
 
-``ModuleWriter`` is the part of ``fdsl.codegen.lowering.Lowering`` that writes; the lowering
-decides what is computed, in which order (its module doc).
+Vocabulary
+----------
+name        every value gets a name, in the order the lowering made the values (then the passes'):
+            a hint (a let's name, an input's printed name) made an identifier, numbered where it
+            clashes (``X_2``); none: ``t1``, ``t2``; a value named after another takes its name with
+            a prefix or suffix (``mask_X``, ``X_h``, underscores where that clashes).
+spelling    how each op kind is written for a target (``docs/ir.md``): the target supplies the
+            few spellings in which numpy and torch differ (sums along an axis, constants, the
+            operators' templates).
+in place    decided here, last: a sum's terms after its first statement are added into the
+            array that statement made (``v += x``), never into an array the writer does not own
+            (a term with a batch axis that the array lacks is added out of place); a product
+            scaled after the fact is scaled in place (``v *= c``).
+del         a value is deleted after its last read, unless it is an input, a dim, a constant or a
+            result.
+
+``ModuleWriter`` is the part of ``fdsl.codegen.lowering.Lowering`` that writes the function around
+the sweep and the module around it (docstring, imports, the target's runtime helpers, the
+constants built once per dtype); the lowering decides what is computed, in which order.
 """
 
 from __future__ import annotations
 
+import builtins
+import keyword
+
+from ..base.errors import FdslError
+from ..core.ops import OPS
+from ..core.ops import shown as op_name
 from ..core.printers import short
-from .fusion import targets as targets_of
+from .ir import Dim, Op, Read, Value
 from .source import _indent, _natural, docstring_literal
+
+# Names the generated module gives a meaning of its own: its imports, its globals and functions,
+# the builtins. A symbol called INPUTS or grads gets a variable with a suffix (INPUTS_2): a local
+# of the name would hide the global from the function reading it (UnboundLocalError).
+_RESERVED = {"np", "torch", "math", "values", "INPUTS", "DTYPE", "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS",
+             "SHAPES", "DATA", "grads", "grads_and_loss", "loss", "FdslLoss", "Model"} | set(dir(builtins))
+
+
+def _is_temp(name: str) -> bool:
+    """A name of the form t<digits>, kept for values without a hint."""
+    return len(name) > 1 and name[0] == "t" and name[1:].isdigit()
+
+
+class Writer:
+    """The spelling of the IR for one target (see the module doc)."""
+
+    def __init__(self, target):
+        self.target = target
+        self.names: set = set(_RESERVED)
+        self.counter = 0
+        self.device = ", _dev" if target.device else ""
+
+    # -- names
+
+    def name_all(self, values) -> None:
+        """Name ``values`` (in creation order) that have no name yet."""
+        for v in sorted(values, key=lambda v: v.id):
+            if v.name is None:
+                v.name = self._fresh(v)
+
+    def _fresh(self, v: Value) -> str:
+        hint = v.hint
+        if isinstance(hint, Value):
+            if hint.name is None:
+                self.name_all([hint])
+            hint = v.prefix + hint.name + v.suffix
+        if hint is not None and not v.numbered:
+            name = hint
+            while name in self.names:
+                name += "_"
+            self.names.add(name)
+            return name
+        if hint is not None:
+            base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in hint)
+            if not base.isidentifier() or keyword.iskeyword(base) or base.startswith("_") or _is_temp(base):
+                base = "v_" + base
+            name, i = base, 1
+            while name in self.names:
+                i += 1
+                name = "%s_%d" % (base, i)
+            self.names.add(name)
+            return name
+        while True:
+            self.counter += 1
+            name = "t%d" % self.counter
+            if name not in self.names:
+                self.names.add(name)
+                return name
+
+    # -- operands
+
+    def scalar(self, s) -> str:
+        """A scalar operand: a float, a scalar value, a dim's size."""
+        if isinstance(s, Value):
+            return s.name
+        if isinstance(s, Dim):
+            return "float(%s)" % (s.size.name if isinstance(s.size, Value) else s.size)
+        return repr(float(s))
+
+    def size(self, s) -> str:
+        return s.name if isinstance(s, Value) else str(s)
+
+    def read(self, r: Read, bare: bool = False) -> str:
+        """A read: ``x``, ``x.mT``, ``(c * x)``; ``bare``: a scaled read without its brackets."""
+        if not isinstance(r, Read):
+            return self.scalar(r)
+        text = r.value.name + (".mT" if r.t and not r.value.scalar else "")
+        if not r.scale:
+            return text
+        if r.scale == (-1.0,):
+            return ("-%s" if bare else "(-%s)") % text
+        if r.t and not bare:  # scaled as stored, then the view (the scale made once, either way)
+            return "(%s * %s).mT" % (" * ".join(self.scalar(s) for s in r.scale), r.value.name)
+        text = "%s * %s" % (" * ".join(self.scalar(s) for s in r.scale), text)
+        return text if bare else "(%s)" % text
+
+    def reads(self, items) -> str:
+        """A tuple literal of reads, as the runtime helpers take them: ``(a, b,)``."""
+        return "(%s,)" % ", ".join(self.read(r) for r in items)
+
+    # -- ops
+
+    def lines(self, op) -> list:
+        """The statements of ``op``."""
+        return [text for text, _ in self.statements(op)]
+
+    def statements(self, op) -> list:
+        """(statement, the values it reads) for each statement of ``op``: a value read by the
+        first lines of an op and not after is deleted as soon as they are done."""
+        if op.kind == "sum":
+            return self._sum(op)
+        lines = self._lines(op)
+        scale = op.attrs.get("out_scale")
+        if not scale:
+            return [(lines[0], op.values_read())]
+        first = [v for v in op.values_read() if v not in [s for s in scale if isinstance(s, Value)]]
+        return [(lines[0], first), (lines[1], [op.out] + [s for s in scale if isinstance(s, Value)])]
+
+    def _lines(self, op) -> list:
+        kind, a = op.kind, op.args
+        outs = ", ".join(v.name for v in op.outs)
+        out = op.outs[0].name
+        tgt = self.target
+        if kind == "input":
+            shape = "(%s)" % ", ".join(map(str, op.attrs["shape"])) if op.attrs["shape"] is not None else "None"
+            return ["%s = _input(values, %r, %s, %s, _dt%s)" % (out, op.attrs["name"], shape, op.attrs["batched"],
+                                                              self.device)]
+        if kind == "scalar_input":
+            return ["%s = _scalar(values, %r)" % (out, op.attrs["name"])]
+        if kind == "dim":
+            return ["%s = %s.shape[%d]" % (out, a[0].value.name, op.attrs["axis"])]
+        if kind == "const":
+            sizes = [self.size(s) for s in op.attrs["shape"]]
+            make = op.attrs["make"]
+            args = sizes[0] if make in ("eye", "causal") else "(%s)" % ", ".join(sizes)
+            return ["%s = %s" % (out, tgt.constant(make, args))]
+        if kind == "matmul":
+            if op.attrs.get("total"):
+                code = "_matmul_total(%s, %s, _nb)" % (self.read(a[0]), self.read(a[1]))
+            elif op.attrs.get("bmm"):
+                code = "_bmm(%s, %s)" % (self.read(a[0]), self.read(a[1]))
+            else:
+                code = "%s @ %s" % (self.read(a[0]), self.read(a[1]))
+        elif kind == "sum_axis":
+            axis = op.attrs["axis"]
+            if op.attrs.get("total"):
+                code = "_sum_total(%s, %d, _nb)" % (self.read(a[0]), axis)
+            else:
+                code = tgt.sum_axis(self.read(a[0]), axis)
+            if op.attrs.get("view_t"):
+                code += ".mT"
+        elif kind == "scale":
+            code = self.read(a[0], bare=True)
+        elif kind == "template":
+            code = self.template(op, [self.read(r) for r in a])
+        elif kind == "scalar_template":
+            arrays = [tgt.constant("full", "(1, 1), %s" % self.scalar(s)) if not isinstance(s, Read) else self.read(s)
+                      for s in a]
+            code = "_as_float(%s)" % self.template(op, arrays)
+        elif kind == "scalar_op":
+            if op.attrs["op"] == "pow":
+                code = "(%s) ** %r" % (self.scalar(a[0]), op.attrs["exponent"])
+            else:
+                code = (" + " if op.attrs["op"] == "add" else " * ").join("(%s)" % self.scalar(s) for s in a)
+        elif kind == "grouped":
+            side, total = op.attrs["side"], op.attrs.get("total")
+            helper = {("cols", False): "_grouped", ("rows", False): "_grouped_rows",
+                      ("cols", True): "_grouped_total", ("rows", True): "_grouped_total_rows"}[side, bool(total)]
+            first, second = (self.read(a[0]), self.reads(a[1:])) if side == "cols" else (self.reads(a[:-1]),
+                                                                                       self.read(a[-1]))
+            code = "%s(%s, %s%s)" % (helper, first, second, ", _nb" if total else "")
+        elif kind == "sum_of_products":
+            n = op.attrs["n"]
+            code = "_sum_of_products(%s, %s)" % (self.reads(a[:n]), self.reads(a[n:]))
+        elif kind == "cat_matmul":
+            code = "%s @ _cat(%s, -2)" % (self.read(a[0]), self.reads(a[1:]))
+        elif kind == "split_total":
+            code = "_split_total(%s, %s, _nb, %d, %d)" % (self.read(a[0]), self.read(a[1]), op.attrs["n"],
+                                                          op.attrs["axis"])
+        elif kind == "stack":
+            code = "torch.stack(%s, -3)" % self.reads(a)
+        elif kind == "unbind":
+            code = "%s.unbind(-3)" % self.read(a[0])
+        elif kind == "grouped_heads":
+            code = "_grouped_heads(%s, %s, %d)%s" % (self.read(a[0]), self.reads(a[1:]), op.attrs["h"],
+                                                     "" if len(op.outs) > 1 else "[0]")
+        elif kind == "side_by_side":
+            code = "_side_by_side(%s)" % self.reads(a)
+        elif kind == "mask":
+            code = "%s > 0" % self.read(a[0])
+        elif kind == "scalar_matrix":
+            code = "_scalar_matrix(%s, _dt%s)" % (self.scalar(a[0]), self.device)
+        else:
+            helper = _HELPERS.get(kind)
+            if helper is None:
+                raise FdslError("internal: the %s writer cannot spell an op of kind %r" % (tgt.name, kind))
+            code = helper % tuple(self.read(r) for r in a)
+        lines = ["%s = %s" % (outs, code)]
+        scale = op.attrs.get("out_scale")
+        if scale:  # scaled after the product, in place: the product's array is its own
+            lines.append("%s *= %s" % (out, " * ".join(self.scalar(s) for s in scale)))
+        return lines
+
+    def _sum(self, op) -> list:
+        """``v = a + b`` (the first statement's terms, an array of its own), then ``v += c``."""
+        terms = list(zip(op.attrs["signs"], op.args))
+        head = op.attrs.get("head", 2)
+        if head == 1 and terms[0][0] > 0 and len(terms) > 1:
+            head = 2  # v = a alone would be a's array: never add into an array the writer does not own
+        out = op.outs[0].name
+
+        def joined(items) -> str:
+            sign, first = items[0]
+            text = ("-%s" if sign < 0 else "%s") % self.read(first)
+            return text + "".join(" %s %s" % ("-" if s < 0 else "+", self.read(r)) for s, r in items[1:])
+
+        def values(items) -> list:
+            return [v for _, r in items for v in Op("scale", (), [r]).values_read()]
+
+        lines = [("%s = %s" % (out, joined(terms[:head])), values(terms[:head]))]
+        batched = any(r.value.batched for _, r in terms[:head])
+        for sign, r in terms[head:]:
+            if r.value.batched and not batched:  # broadcasts to a larger array: not into this one
+                lines.append(("%s = %s %s %s" % (out, out, "-" if sign < 0 else "+", self.read(r)),
+                              [op.out] + values([(sign, r)])))
+                batched = True
+            else:
+                lines.append(("%s %s= %s" % (out, "-" if sign < 0 else "+", self.read(r)),
+                              [op.out] + values([(sign, r)])))
+        return lines
+
+    def template(self, op, exprs) -> str:
+        """An operator's template for this target, with its operands."""
+        name = op.attrs["op"]
+        spec = OPS.get(name)
+        template = self.target.template(spec, name) if spec is not None else None
+        data = op.attrs.get("data")
+        data = repr(data)
+        try:
+            return template.format(*exprs, args=", ".join(exprs), args_sum=" + ".join(exprs),
+                                   args_had=" * ".join(exprs), value=data, exponent=data)
+        except (KeyError, IndexError) as e:
+            raise FdslError("the numpy template of operator %s, %r, uses an unknown placeholder %s"
+                            % (op_name(name), spec.numpy, e)) from None
+
+
+# the kinds that are one runtime helper of their reads
+_HELPERS = {
+    "masked": "%s * %s",
+    "softmax": "_softmax(%s)",
+    "aa_given": "_aa_given(%s, %s)",
+    "layernorm_stats": "_layernorm_stats(%s)",
+    "dlayernorm_stats": "_dlayernorm_stats(%s, %s, %s, %s)",
+    "layernorm_affine": "_layernorm_affine(%s, %s, %s)",
+    "dlayernorm_affine": "_dlayernorm_affine(%s, %s, %s, %s, %s, %s, _nb)",
+    "dlogsoftmax_given": "_dlogsoftmax_given(%s, %s)",
+    "addmm": "_addmm(%s, %s, %s)",
+    "add_into": "_add_into(%s, %s)",
+    "trace": "_trace(%s)",
+    "trace_product": "_trace_product(%s, %s)",
+}
 
 
 class ModuleWriter:
-    """Writing out a ``Lowering``: its statements as a function, and the module around it."""
+    """Writing out a ``Lowering``: its sweep as a function, and the module around it."""
 
-    # -- the module
-
-    def _module_vars(self) -> set:
-        return {v for v, _ in self.module_consts}
-
-    def _runtime_const_vars(self) -> set:
-        return {v for v, _ in self.runtime_consts}
+    def _named(self) -> None:
+        """Give every value its name: the lowering's in the order it made them, then the passes'."""
+        self.writer.name_all(self.values)
+        made = [v for op in self.sweep for v in op.outs]
+        self.writer.name_all(made + [v for op in self.sweep for v in op.values_read()])
 
     def function_body(self, results, loss=None, name="grads") -> list:
         """The lines of the sweep's body (the function ``name``): dtype, inputs, dims, constants,
-        the sweep with deletions, return (with ``loss``, the code of 1/2 ||E||^2, the pair
-        (gradients, loss))."""
-        inputs = sorted(self.inputs, key=lambda s: _natural(s.target))
-        dev = ", _dev" if self.target.device else ""
+        the sweep with deletions, return (with ``loss``, the code of 1/2 ||E||^2 and the values it
+        reads, the pair (gradients, loss))."""
+        w = self.writer
+        inputs = sorted(self.inputs, key=lambda op: _natural(op.out.name))
+        dev = w.device
         lines = ["%s = _dtype(values, INPUTS, DTYPE)" % ("_dt, _dev" if dev else "_dt")]
-        lines += [s.code for s in inputs]
-        examples = [s.target for s in inputs if s.target in self.batch_inputs]
+        lines += [line for op in inputs for line in w.lines(op)]
+        examples = [op.out.name for op in inputs if op.out in self.batch_inputs]
         lines.append("_nb = _batch(%s)" % ", ".join(examples) if examples else "_nb = 0")
         if self.target.pieces and examples:
             # a large batch goes through in pieces of a few examples (see targets: pieces)
             lines.append("if _nb and _piece(_nb, EXAMPLE_SIZE, _dt):\n"
                          "    return _in_pieces(%s, values, EXAMPLES, _piece(_nb, EXAMPLE_SIZE, _dt))" % name)
-        lines += [s.code for s in self.dim_stmts]
+        lines += [line for op in self.dim_stmts for line in w.lines(op)]
         if self.module_consts:
-            targets = [v for v, _ in self.module_consts]
+            targets = [op.out.name for op in self.module_consts]
             lines.append("%s = _constants(_dt%s)" % (", ".join(targets) + ("," if len(targets) == 1 else ""), dev))
-        lines += [code for _, code in self.runtime_consts]
-        keep = set(v for v, _ in self.module_consts) | {s.target for s in self.inputs}
-        keep |= {s.target for s in self.dim_stmts} | self._runtime_const_vars()
-        returned = {u for _, uses in results.values() for u in uses}
+        lines += [line for op in self.runtime_consts for line in w.lines(op)]
+        keep = set(self.given())
+        returned = {r.var for _, r, _ in results.values() if isinstance(r.var, Value)}
         if loss is not None:
             returned |= set(loss[1])
-        last = {}
-        for i, s in enumerate(self.body):
-            for u in s.uses:
-                last[u] = i
+        statements = [w.statements(op) for op in self.sweep]
+        last = {}  # value -> (op, statement) of its last read
+        for i, stmts in enumerate(statements):
+            for k, (_, reads) in enumerate(stmts):
+                for v in reads:
+                    last[v] = (i, k)
         # torch: a call that wants the loss alone (no gradients: evaluation, torch.no_grad) returns
         # once the loss is known, so it costs the forward sweep only
         early = loss is not None and self.target.device and name == "grads_and_loss"
-        loss_at = max((i for i, s in enumerate(self.body) if set(loss[1]) & set(targets_of(s))), default=-1) \
+        loss_at = max((i for i, op in enumerate(self.sweep) if set(loss[1]) & set(op.outs)), default=-1) \
             if early else None
         if early and loss_at < 0:
             lines.append("if not _grads:\n    return None, %s" % loss[0])
-        for i, s in enumerate(self.body):
-            comment = self._comments.get(s.target) if s.target and s.code.startswith(s.target + " = ") else None
+        for i, op in enumerate(self.sweep):
+            comment = self._comments.get(op.out) if len(op.outs) == 1 else None
             if comment:
                 lines.append("# " + comment)
-            lines.append(s.code)
-            if early and i == loss_at:
-                lines.append("if not _grads:\n    return None, %s" % loss[0])
-            dead = sorted({u for u in s.uses if last.get(u) == i and u not in keep and u not in returned
-                           and u != s.target})
-            if dead:
-                lines.append("del " + ", ".join(dead))
+            for k, (text, reads) in enumerate(statements[i]):
+                lines.append(text)
+                if early and i == loss_at and k == len(statements[i]) - 1:
+                    lines.append("if not _grads:\n    return None, %s" % loss[0])
+                dead = sorted({v.name for v in reads if last.get(v) == (i, k) and v not in keep
+                               and v not in returned and v not in op.outs})
+                if dead:
+                    lines.append("del " + ", ".join(dead))
+
+        def result(how, ref, extra, batched: bool) -> str:
+            if how == "full":
+                code = "_full((%s), %s, _nb, _dt%s)" % (", ".join(w.size(s) for s in extra), w.scalar(ref.var), dev)
+                return code
+            code = w.read(ref.read())
+            if how == "copy":
+                code = "_copy(%s)" % code
+                return "_total(%s, _nb)" % code if batched else code
+            return "_total(%s, _nb)" % code if batched and not extra else code
 
         def returned_value(batched: bool) -> str:
-            items = ["%r: %s" % (name, code[batched]) for name, (code, _) in results.items()]
+            items = ["%r: %s" % (key, result(*spec, batched)) for key, spec in results.items()]
             if len(items) < 2:
                 value = "{%s}" % ", ".join(items)
             else:
@@ -92,20 +375,23 @@ class ModuleWriter:
 
     def input_names(self) -> list:
         """The printed names of the array inputs, in the order the module reads them."""
-        return [self.array_inputs[s.target] for s in sorted(self.inputs, key=lambda s: _natural(s.target))
-                if s.target in self.array_inputs]
+        self.writer.name_all(op.out for op in self.inputs)  # the first values the lowering made
+        return [self.array_inputs[op.out] for op in sorted(self.inputs, key=lambda op: _natural(op.out.name))
+                if op.out in self.array_inputs]
 
     def source(self, docstring: str, extra: str = "") -> str:
         """The generated module (``extra``: more of it, after the functions)."""
         results = self.lower()
+        self._named()
+        w = self.writer
         loss = None
         if self.loss is not None:
             ref = self.ref(self.loss)
             if self.loss.scalar:  # w = -d(L): L itself, summed over a batch
-                loss = ("_loss_total(%s, _nb%s)" % (ref.var, ", _dt, _dev" if self.target.device else ""),
-                        (ref.var,) if ref.var.isidentifier() else ())
+                loss = ("_loss_total(%s, _nb%s)" % (w.scalar(ref.var), ", _dt, _dev" if self.target.device else ""),
+                        (ref.var,) if isinstance(ref.var, Value) else ())
             else:  # w = form(E): 1/2 ||E||^2
-                loss = ("_half_sq(%s, _nb)" % ref.expr(), (ref.var,))
+                loss = ("_half_sq(%s, _nb)" % w.read(ref.read()), (ref.var,))
         for base, name in self.let_names.items():
             ref = self.refs.get(base)
             if ref is not None and not ref.scalar:
@@ -125,7 +411,8 @@ class ModuleWriter:
         out.append("INPUTS = %r  # the array inputs" % (tuple(names),))
         if target.pieces and self.batch_inputs:
             out.append("EXAMPLES = %r  # the inputs that may carry a batch axis"
-                       % (tuple(self.array_inputs[v] for v in sorted(self.batch_inputs, key=_natural)),))
+                       % (tuple(self.array_inputs[v] for v in sorted(self.batch_inputs,
+                                                                     key=lambda v: _natural(v.name))),))
             out.append("EXAMPLE_SIZE = %d  # entries of the largest array of one example" % self.example_size())
         if self.module_consts:
             dev = ", _dev" if target.device else ""
@@ -134,8 +421,8 @@ class ModuleWriter:
                     '    """The constant arrays, built once per dtype%s."""' % (" and device" if dev else ""),
                     "    got = _CONSTANTS.get(%s)" % ("(_dt, _dev)" if dev else "_dt"),
                     "    if got is None:"]
-            out += ["        " + code for _, code in self.module_consts]
-            targets = [v for v, _ in self.module_consts]
+            out += ["        " + line for op in self.module_consts for line in w.lines(op)]
+            targets = [op.out.name for op in self.module_consts]
             out.append("        got = _CONSTANTS[%s] = (%s)" % ("(_dt, _dev)" if dev else "_dt",
                                                          ", ".join(targets) + ("," if len(targets) == 1 else "")))
             out.append("    return got")
