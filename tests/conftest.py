@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+# every lowering in the tests (in this process and in the fdsl commands they run) checks its
+# statement IR after every pass (fdsl.codegen.ir.check)
+os.environ["FDSL_CHECK_IR"] = "1"
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 

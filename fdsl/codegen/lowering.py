@@ -54,6 +54,7 @@ written by ``fdsl.codegen.writer``; the torch training classes by ``fdsl.codegen
 
 from __future__ import annotations
 
+import os
 from fractions import Fraction
 from typing import Mapping, Optional
 
@@ -83,7 +84,8 @@ from .schedule import early_results
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter, Writer
 
-check_passes = False  # the tests set it: the IR is checked after every pass
+# the IR is checked after every pass where this is set, or FDSL_CHECK_IR=1 (the tests set it)
+check_passes = False
 passes_on = False  # (while the passes are ported to the IR)
 
 #: size assumed for a dim without one when choosing the order of products
@@ -421,7 +423,7 @@ class Lowering(Products, ModuleWriter):
         steps.append(lambda s: early_results(s, returned | loss))  # each gradient when its adjoint is known
         for step in steps:
             step(self.sweep)
-            if check_passes:
+            if check_passes or os.environ.get("FDSL_CHECK_IR") == "1":
                 check(self.sweep, given)
 
     def given(self) -> list:
