@@ -23,11 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fdsl.codegen import generated as codegen  # noqa: E402
-from fdsl.verify import (
-    differential,
-    fuzz,  # noqa: E402
-    torch_eval,  # noqa: E402
-)
+from fdsl.verify import differential, fuzz, torch_eval  # noqa: E402
 
 
 def breakage(kind: str) -> None:

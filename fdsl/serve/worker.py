@@ -211,10 +211,7 @@ def prepare(own: Path, file: Optional[str]) -> None:
     """Import what a session may need before the confinement begins, and confine."""
     from .. import compose  # noqa: F401  (the language's functions and statements)
     from ..lang.program import Program
-    from ..pictures import (
-        depsview,  # noqa: F401
-        graphviz,  # noqa: F401
-    )
+    from ..pictures import depsview, graphviz  # noqa: F401
     from . import confine
 
     Program("<warm>", own)  # reads the grammar and the stdlib once
