@@ -253,38 +253,28 @@ class Sweep:
     def replace(self, ops_out: Iterable[Op], ops_in: Iterable[Op], at: Optional[Op] = None) -> None:
         """Remove ``ops_out`` and put ``ops_in`` where ``at`` was (default: the first of ``ops_out``)."""
         ops_out = list(ops_out)
-        ops_in = list(ops_in)
-        gone = set(map(id, ops_out))
         anchor = at if at is not None else ops_out[0]
-        out = []
-        for op in self.ops:
-            if op is anchor:
-                out.extend(ops_in)
-            if id(op) not in gone:
-                out.append(op)
-        for op in ops_out:
-            self._unindex(op)
-        for op in ops_in:
-            self._index(op)
-        self.ops = out
+        mapping = {op: [] for op in ops_out}
+        mapping[anchor] = list(ops_in) + ([anchor] if anchor not in ops_out else [])
+        self.rewrite(mapping)
 
     def rewrite(self, mapping: dict, before: Optional[dict] = None, after: Optional[dict] = None) -> None:
         """Many changes at once, in one pass over the list: ``mapping`` op -> the ops replacing it
-        (an empty list removes it); ``before``/``after``: op -> ops put just before/after it."""
+        (an empty list removes it; the op itself among them keeps it); ``before``/``after``: op ->
+        ops put just before/after it. Every replaced op leaves the indexes before any new op
+        enters them, so a new op may make a value that a replaced one made."""
         before, after = before or {}, after or {}
+        for op in mapping:
+            self._unindex(op)
         out = []
         for op in self.ops:
             out.extend(before.get(op, ()))
             new = mapping.get(op, None)
-            if new is None:
-                out.append(op)
-            else:
-                self._unindex(op)
-                for n in new:
-                    self._index(n)
-                out.extend(new)
-            for n in after.get(op, ()):
-                out.append(n)
+            out.extend([op] if new is None else new)
+            out.extend(after.get(op, ()))
+        for new in mapping.values():
+            for n in new:
+                self._index(n)
         for extra in list(before.values()) + list(after.values()):
             for n in extra:
                 self._index(n)

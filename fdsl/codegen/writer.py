@@ -53,6 +53,7 @@ class Writer:
         self.names: set = set(_RESERVED)
         self.counter = 0
         self.device = ", _dev" if target.device else ""
+        self._unsqueeze: set = set()  # the values the op being written reads with a head axis
 
     # -- names
 
@@ -108,13 +109,16 @@ class Writer:
         """A read: ``x``, ``x.mT``, ``(c * x)``; ``bare``: a scaled read without its brackets."""
         if not isinstance(r, Read):
             return self.scalar(r)
-        text = r.value.name + (".mT" if r.t and not r.value.scalar else "")
+        name = r.value.name
+        if r.value in self._unsqueeze:  # a head axis of 1: broadcasts against stacks, not the batch
+            name += ".unsqueeze(-3)"
+        text = name + (".mT" if r.t and not r.value.scalar else "")
         if not r.scale:
             return text
         if r.scale == (-1.0,):
             return ("-%s" if bare else "(-%s)") % text
         if r.t and not bare:  # scaled as stored, then the view (the scale made once, either way)
-            return "(%s * %s).mT" % (" * ".join(self.scalar(s) for s in r.scale), r.value.name)
+            return "(%s * %s).mT" % (" * ".join(self.scalar(s) for s in r.scale), name)
         text = "%s * %s" % (" * ".join(self.scalar(s) for s in r.scale), text)
         return text if bare else "(%s)" % text
 
@@ -131,6 +135,7 @@ class Writer:
     def statements(self, op) -> list:
         """(statement, the values it reads) for each statement of ``op``: a value read by the
         first lines of an op and not after is deleted as soon as they are done."""
+        self._unsqueeze = set(op.attrs.get("unsqueeze", ()))
         if op.kind == "sum":
             return self._sum(op)
         lines = self._lines(op)
