@@ -571,64 +571,6 @@ def _run(stmts, env):
     return ns
 
 
-def test_the_grouped_heads_product_gives_its_kinds_as_views():
-    from fdsl.codegen.fusion import Stmt
-    from fdsl.codegen.heads import grouped_kinds
-
-    body = [Stmt("a1", "a1, a2, a3, a4, a5, a6 = _grouped(S, (Q0, K0, V0, Q1, K1, V1,))", ("S", "Q0", "K0", "V0")),
-            Stmt("q_h", "q_h = torch.stack((a1, a4,), -3)", ("a1", "a4")),
-            Stmt("k_h", "k_h = torch.stack((a2, a5,), -3)", ("a2", "a5")),
-            Stmt("v_h", "v_h = torch.stack((a6, a3,), -3)", ("a6", "a3")),  # heads in another order
-            Stmt("r", "r = _bmm(_bmm(q_h, k_h.mT), v_h)", ("q_h", "k_h", "v_h"))]
-    shapes = {k: (4, 2) for k in ("Q0", "K0", "V0", "Q1", "K1", "V1")}
-    out = grouped_kinds(body, shapes)
-    assert [st.code for st in out] == ["q_h, k_h, v_h = _grouped_heads(S, (Q0, Q1, K0, K1, V1, V0,), 2)",
-                                       body[-1].code], out
-    # values of another width than queries and keys (or widths not known): left as it is
-    assert grouped_kinds(body, {**shapes, "V0": (4, 3), "V1": (4, 3)}) == body
-    assert grouped_kinds(body, {}) == body
-    g = torch.Generator().manual_seed(5)
-    for lead in ((3,), ()):  # a batch, and one example
-        env = {"S": torch.randn(*lead, 5, 4, generator=g, dtype=torch.float64)}
-        env.update({k: torch.randn(4, 2, generator=g, dtype=torch.float64)
-                    for k in ("Q0", "K0", "V0", "Q1", "K1", "V1")})
-        assert torch.allclose(_run(body, env)["r"], _run(out, env)["r"], atol=1e-12)
-    # a slice read by anything but a stack: left as it is
-    assert grouped_kinds(body + [Stmt("z", "z = a1 + 1.0", ("a1",))], shapes) == body + [Stmt("z", "z = a1 + 1.0",
-                                                                                                ("a1",))]
-
-
-def test_the_heads_of_stacks_are_read_side_by_side():
-    from fdsl.codegen.fusion import Stmt
-    from fdsl.codegen.heads import side_by_side
-
-    body = [Stmt("a", "a, b = X_h.unbind(-3)", ("X_h",)), Stmt("c", "c, e = Y_h.unbind(-3)", ("Y_h",)),
-            Stmt("a_s", "a_s = 0.5 * a", ("a",)), Stmt("b_s", "b_s = 0.5 * b", ("b",)),
-            Stmt("g1", "g1, g2, g3, g4 = _grouped_total(S.mT, (a_s, b_s, c, e,), _nb)", ("S", "a_s", "b_s", "c", "e")),
-            Stmt("G", "G = _sum_of_products((c, a_s, e, b_s,), (P1, P2, P3, P4,))", ("c", "a_s", "e", "b_s")),
-            Stmt("r1", "r1, r2 = _grouped_total_rows((c.mT, e.mT,), H, _nb)", ("c", "e", "H"))]
-    shapes = {k: (5, 4) for k in "abce"}
-    out = side_by_side(body, {"g1", "g2", "g3", "g4", "G", "r1", "r2"}, shapes)
-    # heads of unequal widths are not put side by side (the matrix is cut evenly again)
-    mixed = "\n".join(st.code for st in side_by_side(body, {"g1", "g2", "g3", "g4", "G", "r1", "r2"},
-                                                     {**shapes, "c": (5, 3), "e": (5, 3)}))
-    assert "_grouped_total(S.mT" in mixed and "_sum_of_products(" in mixed, mixed
-    code = "\n".join(st.code for st in out)
-    assert "unbind" not in code and "_grouped_total" not in code and "_sum_of_products" not in code, code
-    assert code.count("_side_by_side(") == 2 and code.count("0.5 * ") == 1, code  # (a_s, b_s) scaled once
-    g = torch.Generator().manual_seed(6)
-    for nb in (3, 0):
-        lead = (nb,) if nb else ()
-        env = {"_nb": nb, "X_h": torch.randn(*lead, 2, 5, 4, generator=g, dtype=torch.float64),
-               "Y_h": torch.randn(*lead, 2, 5, 4, generator=g, dtype=torch.float64),
-               "S": torch.randn(*lead, 5, 6, generator=g, dtype=torch.float64),
-               "H": torch.randn(*lead, 5, 7, generator=g, dtype=torch.float64)}
-        env.update({k: torch.randn(4, 3, generator=g, dtype=torch.float64) for k in ("P1", "P2", "P3", "P4")})
-        want, got = _run(body, env), _run(out, env)
-        for k in ("g1", "g2", "g3", "g4", "G", "r1", "r2"):
-            assert torch.allclose(want[k], got[k], atol=1e-12), (nb, k)
-
-
 def test_a_product_added_to_a_matrix_is_one_addmm():
     # P = A @ B read only by Y = X + P: Y = _addmm(X, A, B) (a residual, or a bias row), for a
     # batch, one example, a row and a matrix beside a batch (the fallback); not when P is read again

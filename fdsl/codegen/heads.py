@@ -1,52 +1,252 @@
-"""The heads of an attention side by side: stacks of heads read as one matrix, without unstacking.
+"""The heads of an attention as stacks: alike chains done once on a head axis, read side by side.
 
 Vocabulary
 ----------
-stack        a variable holding h heads' matrices along a head axis before the last two, shape
-             ``(..., h, rows, cols)``: what ``fusion.stacked_heads`` makes of h alike chains.
-element      a variable that is one head of a stack (``a, b, c, d = X_h.unbind(-3)``), or such a
-             head times a number (``a_s = 0.288 * a``): (stack, head, scale).
+chain        the ops of one head of an attention, one after the other (``scores = matmul((s * q),
+             k^t, bmm); p = softmax(scores); out = matmul(p, v, bmm)``), each head's on its own
+             slices of the grouped Q, K, V product.
+alike        two ops are alike when they have the same kind and attributes and read alike: the
+             same pattern of values (which operands are one value), each read transposed or not
+             alike, with equal scales (a scale compares by equality, whatever spelled it: the
+             literal 0.125, a scalar given with the data, ``tau_i * s`` computed once per block
+             and read by every head: all stack). Two chains are alike when their ops are, one by
+             one.
+stackable    the kinds whose runtime acts on each matrix of a stack (a head axis before the last
+             two) alike: ``matmul`` (not summed over the batch), ``softmax``, ``aa_given``,
+             ``mask``, ``masked``, ``sum``, ``scale`` and the Hadamard product (``template`` of
+             op ``had``), the calls and operators the text passes let into a chain (``_bmm``,
+             ``_softmax``, ``_aa_given``, ``.mT``, ``@ * + - >``). Row-wise operators of the table
+             (layer norms, sums along an axis, other templates) would act alike too, but are not
+             stacked: no attention has them between its products, and this keeps what is
+             generated as it was.
+stack        a value of h heads' matrices along a head axis before the last two, shape ``(...,
+             h, rows, cols)`` (``Value.heads = h``; its ``shape`` is one head's): a ``stack``
+             op of per-head values, an op of a stacked chain, or a kind of ``grouped_heads``.
+slot         how an operand of a stacked op is found: ``shared`` (one value read by every head:
+             read as it is, and where it may carry a batch axis, with a head axis of 1 before its
+             matrices, so it broadcasts against the heads, not the batch against them: the
+             op's attribute ``unsqueeze``, the values so read), ``outer`` (one value per head,
+             made before the run: their stack), ``inner`` (made by the chains: the stacked op's
+             result).
+element      a value that is one head of a stack (an out of ``unbind``), or such a head times a
+             scale (a ``scale`` op of it): (stack, head, heads, scale).
 side by side the heads of one or more stacks as the columns of one matrix, ``(..., rows, h cols)``
-             per stack and the stacks one after the other (``_side_by_side``): the one copy that
+             per stack and the stacks one after the other (``side_by_side``): the one copy that
              autograd's multi-head attention makes too (its ``transpose(1, 2).reshape``).
-kinds        the products of the forward's grouped Q, K, V product (``_grouped``) that are
-             stacked head by head: read as views of the one product (``_grouped_heads``).
+kinds        the products of the forward's grouped Q, K, V product (``grouped``) that are stacked
+             head by head: read as views of the one product (``grouped_heads``).
 
-After ``stacked_heads`` the heads are computed on stacks, but the statements around them still
-read them one by one: the grouped product of Q, K and V is split into 3 h matrices and stacked
-again (3 copies), and the weights' gradients and the adjoint of the attention's input concatenate
-the 3 h heads (``_grouped_total``, ``_sum_of_products``: a copy each), scaled one by one. Here the
-first becomes one product whose kinds are views, and the others read one side-by-side matrix of
+``stacked_heads`` does each run of h alike chains as one chain on stacks; after it the heads are
+computed on stacks, but the ops around them still read them one by one: the grouped product of Q,
+K and V is split into 3 h matrices and stacked again (3 copies), and the weights' gradients and
+the adjoint of the attention's input concatenate the 3 h heads (``grouped`` summed over the
+batch, ``sum_of_products``: a copy each), scaled one by one. ``grouped_kinds`` makes the first one
+product whose kinds are views; ``side_by_side`` makes the others read one side-by-side matrix of
 the (scaled) stacks, made once and shared: as the per-head operands commute in a sum of products,
 its pairs are reordered to the matrix's columns, and the results of a grouped product are its
-targets in that order. Torch target only (stacks are made only there).
+outs in that order. Views and splits cut evenly: only heads of widths known to be equal
+(``Value.shape``, as stored) are put side by side. Torch target only (stacks are made only there).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
-from .fusion import Stmt, index, targets
+from .ir import Dim, Op, Read, Sweep, Value
 
-_UNBIND = re.compile(r"(\w+(?:, \w+)+) = (\w+)\.unbind\(-3\)\Z")
-_SCALE = re.compile(r"(\w+) = (-?[\d.]+(?:e-?\d+)?) \* (\w+)\Z")
-_STACK = re.compile(r"(\w+) = torch\.stack\(\(([\w, ]+),?\), -3\)\Z")
-_GROUPED = re.compile(r"([\w, ]+) = _grouped\((\S+), \(([\w., ]+),?\)\)\Z")
-_TOTAL = re.compile(r"([\w, ]+) = _grouped_total\((\S+), \(([\w, ]+),?\), _nb\)\Z")
-_TOTAL_ROWS = re.compile(r"([\w, ]+) = _grouped_total_rows\(\(([\w., ]+),?\), (\S+), _nb\)\Z")
-_SUM = re.compile(r"(\w+) = _sum_of_products\(\(([\w., ]+),?\), \(([\w., ]+),?\)\)\Z")
+# the kinds a stacked chain may have (module doc: stackable); a template only of these operators
+_STACKABLE = {"matmul", "softmax", "aa_given", "mask", "masked", "sum", "scale", "template"}
+_STACKABLE_TEMPLATES = {"had"}
+_LONGEST = 12  # the most ops of one chain looked for
 
 
-def _list(text: str) -> list:
-    return [x.strip() for x in text.split(",") if x.strip()]
+# ---- the heads of an attention as one stacked computation ------------------------------------------
 
 
-def _width(shapes: dict, x: str):
-    """The number of columns of the matrix ``x`` (a variable or its ``.mT``), or None if unknown."""
-    flip = x.endswith(".mT")
-    shape = shapes.get(x[:-3] if flip else x)
-    return None if shape is None else shape[0 if flip else 1]
+def _pattern(op: Op) -> Optional[tuple]:
+    """(what alike ops share: kind, attributes, each operand's slot in the op's values with its
+    transpose and scale; the op's values in order of first appearance, its result first), or None
+    for an op that cannot be part of a stacked chain."""
+    if op.kind not in _STACKABLE or len(op.outs) != 1 or op.inplace() is not None:
+        return None
+    if op.kind == "template" and op.attrs.get("op") not in _STACKABLE_TEMPLATES:
+        return None
+    if op.kind == "matmul" and op.attrs.get("total"):
+        return None  # summed over the batch: one matrix, not one per head
+    values = [op.out]
+    reads = []
+    for a in op.args:
+        if isinstance(a, Read):
+            if not any(a.value is v for v in values):
+                values.append(a.value)
+            reads.append((next(k for k, v in enumerate(values) if v is a.value), a.t, a.scale))
+        else:  # a scalar operand: the same for every head, or the ops are not alike
+            reads.append(("operand", a))
+    return (op.kind, tuple(sorted(op.attrs.items())), tuple(reads)), tuple(values)
+
+
+def _known(shape) -> bool:
+    return shape is not None and None not in shape
+
+
+def stacked_heads(sweep: Sweep, kept: set) -> None:
+    """Runs of h alike chains of ops, one after the other (the heads of an attention), done as one
+    chain on stacks of h matrices: the per-head operands stacked along a head axis before the last
+    two (a ``stack`` op, or a stack made before: the forward's probabilities, read again by the
+    backward), one op for each op of a chain, and the results read after the run (or ``kept``:
+    read after the sweep) as views of their stack (``unbind``). So the h heads' products are one
+    batched product each, as autograd's multi-head attention does them. Of the runs from one op,
+    the one that stacks the most ops; only runs with a product."""
+    ops = list(sweep.ops)
+    patterns = [_pattern(op) for op in ops]
+    pos = sweep.positions()
+    stacks: dict = {}  # tuple of per-head values -> their stack (a Value), for reuse
+    by_set: dict = {}  # frozenset of per-head values -> the first tuple of them stacked
+    mapping: dict = {}
+    unbinds: list = []
+    i = 0
+    while i < len(ops):
+        best = None
+        for length in range(1, _LONGEST + 1):
+            if i + 2 * length > len(ops) or any(p is None for p in patterns[i:i + length]):
+                break
+            h = 1
+            while i + (h + 1) * length <= len(ops) and all(
+                    patterns[i + h * length + p] is not None and patterns[i + h * length + p][0] == patterns[i + p][0]
+                    for p in range(length)):
+                h += 1
+            if h >= 2 and (best is None or h * length > best[0] * best[1]) and any(
+                    ops[i + p].kind == "matmul" for p in range(length)):  # a product to batch
+                plan = _stack_plan(sweep, ops, patterns, i, length, h, pos, kept, stacks, by_set)
+                if plan is not None:
+                    best = (h, length, plan)
+        if best is None:
+            i += 1
+            continue
+        h, length, (order, slots, results) = best
+        new: list = []
+        made: dict = {}  # tuple of per-head values -> the stack that holds them in this run
+        for kind, tup in (slot for op_slots in slots for slot in op_slots):
+            if kind == "shared" or tup in made:
+                continue
+            if kind == "outer" and tup in stacks:
+                made[tup] = stacks[tup]
+                continue
+            made[tup] = Value(shape=tup[0].shape, batched=any(v.batched for v in tup), heads=h, hint=tup[0],
+                              suffix="_h")
+            if kind == "outer":
+                new.append(Op("stack", [made[tup]], [Read(v) for v in tup]))
+                stacks[tup] = made[tup]
+                by_set.setdefault(frozenset(tup), tup)
+        for p in range(length):
+            model = ops[i + order[0] * length + p]
+            reads = patterns[i + order[0] * length + p][0][2]
+            args, unsqueeze = [], []
+            for a, read in zip(model.args, reads):
+                if not isinstance(a, Read):
+                    args.append(a)
+                    continue
+                kind, tup = slots[p][read[0]]
+                if kind == "shared":
+                    # a head axis of 1 before its matrices, so that it broadcasts against the stacks
+                    # (batch, heads, rows, cols), not the batch against the heads
+                    if a.value.batched and not a.value.scalar and a.value not in unsqueeze:
+                        unsqueeze.append(a.value)
+                    args.append(a)
+                else:
+                    args.append(Read(made[tup], a.t, a.scale))
+            attrs = dict(model.attrs)
+            if unsqueeze:
+                attrs["unsqueeze"] = tuple(unsqueeze)
+            new.append(Op(model.kind, [made[slots[p][0][1]]], args, **attrs))
+        for tup in results:
+            unbind = Op("unbind", tup, [Read(made[tup])])
+            new.append(unbind)
+            unbinds.append(unbind)
+            stacks[tup] = made[tup]
+            by_set.setdefault(frozenset(tup), tup)
+        # the run's ops go, and the stacked chain takes the place of the last of them: a rewrite
+        # unindexes the ops in order, so the results' views are made after their ops are gone
+        for k in range(i, i + h * length - 1):
+            mapping[ops[k]] = []
+        mapping[ops[i + h * length - 1]] = new
+        i += h * length
+    if not mapping:
+        return
+    sweep.rewrite(mapping)
+    # views of a stack that nothing reads now (a later run read the stack itself) are not made
+    dead = [op for op in unbinds if not any(sweep.readers.get(v) or v in kept for v in op.outs)]
+    if dead:
+        sweep.rewrite({op: [] for op in dead})
+
+
+def _stack_plan(sweep: Sweep, ops, patterns, i, length, h, pos, kept, stacks, by_set) -> Optional[tuple]:
+    """(the order of the heads, each op's slots by its values (module doc: slot) as ("shared",
+    (v,)), ("outer", one value per head: stacked before the run), ("inner", one per head: made in
+    the chains), the inner tuples read after the run) for the run of ``h`` chains of ``length`` ops
+    from ``i``; None where the chains are not alike (a value of one head read by another, a
+    per-head operand made within the run, operands of different shapes, unknown shapes or
+    different batching, an operand that is itself a stack)."""
+    end = i + h * length
+    inner: list = []  # per head: value -> the position in the chain of the op that makes it
+    for j in range(h):
+        inner.append({ops[i + j * length + p].out: p for p in range(length)})
+
+    def made_in_run(v) -> bool:
+        maker = sweep.maker.get(v)
+        return maker is not None and i <= pos[maker] < end
+
+    slots = []
+    for p in range(length):
+        per = [patterns[i + j * length + p][1] for j in range(h)]
+        if len({len(vs) for vs in per}) != 1:
+            return None
+        row = []
+        for s in range(len(per[0])):
+            tup = tuple(per[j][s] for j in range(h))
+            where = [inner[j].get(v) for j, v in enumerate(tup)]
+            distinct = len(set(tup)) == h
+            if all(w is not None for w in where):
+                if len(set(where)) != 1 or where[0] > p or not distinct:
+                    return None
+                row.append(("inner", tup))
+            elif any(w is not None for w in where):
+                return None  # one head reads what another made
+            elif len(set(tup)) == 1:  # (made in the run, it would be one head's: not alike above)
+                if tup[0].heads:
+                    return None
+                row.append(("shared", tup[:1]))
+            else:
+                if not distinct or any(made_in_run(v) or v.heads for v in tup):
+                    return None
+                if len({v.batched for v in tup}) != 1 or len({v.shape for v in tup}) != 1 or not _known(tup[0].shape):
+                    return None
+                row.append(("outer", tup))
+        slots.append(row)
+    # the heads in the order of a stack made before, where one of the operands has one
+    order = list(range(h))
+    found = next((tup for row in slots for kind, tup in row
+                  if kind == "outer" and tup not in stacks and frozenset(tup) in by_set), None)
+    if found is not None:
+        made = by_set[frozenset(found)]
+        order = [found.index(v) for v in made]
+    slots = [[(kind, tup if kind == "shared" else tuple(tup[j] for j in order)) for kind, tup in row] for row in slots]
+    results = []
+    for row in slots:
+        for kind, tup in row:
+            if kind == "inner" and tup not in results and any(
+                    v in kept or any(pos[r] >= end for r in sweep.readers.get(v, ())) for v in tup):
+                results.append(tup)
+    return order, slots, results
+
+
+# ---- the grouped Q, K, V product whose kinds are stacks ----------------------------------------------
+
+
+def _width(read: Read):
+    """The number of columns of ``read`` as read, or None if unknown."""
+    shape = read.shape
+    return None if shape is None else shape[1]
 
 
 def _alike(widths) -> bool:
@@ -54,124 +254,148 @@ def _alike(widths) -> bool:
     return None not in widths and len(set(widths)) == 1
 
 
-def grouped_kinds(body: list, shapes: dict) -> list:
-    """``a_1, ..., a_3h = _grouped(A, (B_1, ..., B_3h))`` whose results are read only by stacks
-    of h heads, ``q_h = torch.stack((a_1, a_4, ...), -3)``, becomes ``q_h, k_h, v_h =
-    _grouped_heads(A, (the B of q_h's heads, then k_h's, v_h's), h)``: the stacks are views of the
-    one product, not copies of its slices. ``shapes``: variable -> (rows, cols); operands of
-    widths not known to be equal are left as they are (the views cut the product evenly)."""
-    _, reads = index(body)
-    stacks = {}
-    for i, st in enumerate(body):
-        m = _STACK.match(st.code)
-        if m:
-            stacks[i] = (m.group(1), _list(m.group(2)))
-    drop, replace = set(), {}
-    for i, st in enumerate(body):
-        m = _GROUPED.match(st.code)
-        if not m:
-            continue
-        outs, operand, bs = _list(m.group(1)), m.group(2), _list(m.group(3))
-        readers = {j for v in outs for j in reads.get(v, ())}
-        if not readers or not all(j in stacks for j in readers) or len(outs) != len(bs):
-            continue
-        kinds = [stacks[j] for j in sorted(readers)]
-        h = len(kinds[0][1])
-        members = [v for _, heads in kinds for v in heads]
-        if any(len(heads) != h for _, heads in kinds) or sorted(members) != sorted(outs) or len(set(outs)) != len(outs):
-            continue
-        if any(reads.get(v) != [j] for j in readers for v in stacks[j][1]) or not _alike(
-                [_width(shapes, b) for b in bs]):
-            continue
-        where = {v: k for k, v in enumerate(outs)}
-        order = [bs[where[v]] for v in members]
-        names = [name for name, _ in kinds]
-        code = "%s = _grouped_heads(%s, (%s,), %d)%s" % (", ".join(names), operand, ", ".join(order), h,
-                                                          "" if len(names) > 1 else "[0]")
-        replace[i] = Stmt(names[0], code, st.uses)
-        drop |= readers
-    if not replace:
-        return body
-    return [replace.get(i, st) for i, st in enumerate(body) if i not in drop]
+def _grouped_kinds(sweep: Sweep, op: Op, pos: dict, kept) -> Optional[tuple]:
+    """``a_1, ..., a_3h = grouped(A, B_1, ..., B_3h)`` whose outs are read only by stacks of h
+    heads, ``q_h = stack(a_1, a_4, ...)``, as ``q_h, k_h, v_h = grouped_heads(A, the B of q_h's
+    heads, then k_h's, v_h's; h)``: the stacks are views of the one product, not copies of its
+    slices (the stacks in the order the sweep makes them). (The product, the stacks it replaces),
+    or None."""
+    if op.attrs.get("side") != "cols" or op.attrs.get("total") or any(v in kept for v in op.outs):
+        return None
+    operand, bs = op.args[0], op.args[1:]
+    if len(op.outs) != len(bs) or len(set(op.outs)) != len(op.outs) or not _alike([_width(b) for b in bs]):
+        return None
+    readers: dict = {}
+    for v in op.outs:
+        readers.update(dict.fromkeys(sweep.readers.get(v, ())))
+    if not readers or any(r.kind != "stack" for r in readers):
+        return None
+    kinds = sorted(readers, key=pos.__getitem__)
+    h = len(kinds[0].args)
+    if any(len(k.args) != h or any(a.t or a.scale for a in k.args) for k in kinds):
+        return None
+    members = [a.value for k in kinds for a in k.args]
+    where = {v: n for n, v in enumerate(op.outs)}
+    if len(members) != len(op.outs) or set(members) != set(op.outs):
+        return None
+    if any(list(sweep.readers.get(a.value, ())) != [k] for k in kinds for a in k.args):
+        return None  # a slice read by anything but its stack
+    order = [bs[where[v]] for v in members]
+    return Op("grouped_heads", [k.out for k in kinds], [operand] + order, h=h), kinds
 
 
-def side_by_side(body: list, kept: set, shapes: dict) -> list:
-    """Grouped products and sums of products over the heads of stacks (see the module doc) read one
-    side-by-side matrix of the stacks instead of their heads one by one. ``kept``: variables read
-    after the body (never removed); ``shapes``: variable -> (rows, cols): only heads of widths
-    known to be equal are put side by side (the matrix is cut evenly again)."""
-    heads: dict = {}  # element -> (stack, head index, number of heads)
-    for st in body:
-        m = _UNBIND.match(st.code)
-        if m:
-            names = _list(m.group(1))
-            if not _alike([_width(shapes, v) for v in names]):
-                continue
-            for k, v in enumerate(names):
-                heads[v] = (m.group(2), k, len(names))
+def grouped_kinds(sweep: Sweep, kept: set) -> None:
+    """Every grouped product (side by side on the columns, not summed over the batch) whose outs
+    are read only by stacks of heads as one ``grouped_heads`` (``_grouped_kinds``) in its place;
+    its widths must be known to be equal (the views cut the product evenly). ``kept``: values read
+    after the sweep (a grouped product with one of them among its outs is left as it is)."""
+    pos = sweep.positions()
+    mapping: dict = {}
+    before: dict = {}
+    for op in sweep.ops:
+        found = _grouped_kinds(sweep, op, pos, kept) if op.kind == "grouped" else None
+        if found is not None:
+            # put before the grouped product as it goes (a rewrite indexes what it puts before
+            # an op last, after the stacks that made the kinds are gone)
+            product, kinds = found
+            before[op] = [product]
+            mapping.update({x: [] for x in (op, *kinds)})
+    if mapping:
+        sweep.rewrite(mapping, before=before)
+
+
+# ---- stacks' heads side by side ------------------------------------------------------------------------
+
+
+def _scale_key(scale: tuple) -> tuple:
+    """An order of scales (any: floats, scalar values, dims) that is the same from run to run."""
+    def one(x):
+        if isinstance(x, Value):
+            return (1, x.id)
+        if isinstance(x, Dim):
+            return (2, x.size.id) if isinstance(x.size, Value) else (3, x.size)
+        return (0, x)
+    return tuple(map(one, scale))
+
+
+def _updated(sweep: Sweep, v: Value) -> bool:
+    """Whether an op of the sweep updates ``v`` in place."""
+    return any(op.inplace() is v for op in sweep.readers.get(v, ()))
+
+
+def side_by_side(sweep: Sweep, kept: set) -> None:
+    """Grouped products summed over the batch and sums of products over the heads of stacks (see
+    the module doc) read one side-by-side matrix of the stacks instead of their heads one by one:
+    ``grouped`` (total) becomes ``split_total``, ``sum_of_products`` becomes ``cat_matmul``. Only
+    heads of widths known to be equal are put side by side (the matrix is cut evenly again); a
+    stack updated in place is left alone. Heads and scaled heads that nothing reads then (and
+    that are not ``kept``: read after the sweep) are not made."""
+    heads: dict = {}  # value -> (stack, head, heads)
+    candidates: list = []  # unbinds and scaled heads, made only where something reads them
+    for op in sweep.ops:
+        if op.kind != "unbind":
+            continue
+        candidates.append(op)
+        stack = op.args[0]
+        if stack.t or stack.scale or _updated(sweep, stack.value) or not _alike([_width(Read(v)) for v in op.outs]):
+            continue
+        for k, v in enumerate(op.outs):
+            heads[v] = (stack.value, k, len(op.outs))
     if not heads:
-        return body
-    scaled: dict = {}  # element -> (stack, head, h, scale)
-    for st in body:
-        m = _SCALE.match(st.code)
-        if m and m.group(3) in heads:
-            scaled[m.group(1)] = heads[m.group(3)] + (m.group(2),)
-    widths = {s: _width(shapes, v) for v, (s, _, _) in heads.items()}  # stack -> its heads' width
-    elements = {v: (s, k, h, None) for v, (s, k, h) in heads.items()}
-    elements.update(scaled)
+        return
+    elements = {v: (s, k, h, ()) for v, (s, k, h) in heads.items()}
+    for op in sweep.ops:
+        if op.kind == "scale" and not op.args[0].t and op.args[0].scale and op.args[0].value in heads:
+            candidates.append(op)
+            elements[op.out] = heads[op.args[0].value] + (op.args[0].scale,)
+    widths = {s: _width(Read(v)) for v, (s, _, _) in heads.items()}  # stack -> its heads' width
 
-    def columns(operands, transposed=False) -> Optional[list]:
-        """The (stack, scale) groups of ``operands`` in a canonical order, each complete, and the
-        operands' positions in that order; None unless every operand is an element."""
+    def columns(reads, transposed=False) -> Optional[tuple]:
+        """The (stack, heads, scale) groups of ``reads`` in a canonical order, each complete, and
+        the reads' positions in that order; None unless every read is of an element (read with a
+        scale of its own: the element scaled so)."""
         found = []
-        for x in operands:
-            if transposed:
-                if not x.endswith(".mT"):
-                    return None
-                x = x[:-3]
-            if x not in elements:
+        for r in reads:
+            e = elements.get(r.value) if isinstance(r, Read) and r.t == transposed else None
+            if e is None:
                 return None
-            found.append(elements[x])
-        groups = sorted({(s, h, c or "") for s, _, h, c in found})
-        slots = {}
-        offset = 0
+            s, k, h, c = e
+            found.append((s, k, h, c + r.scale))
+        groups = sorted({(s, h, c) for s, _, h, c in found}, key=lambda g: (g[0].id, g[1], _scale_key(g[2])))
+        slots, offset = {}, 0
         for s, h, c in groups:
             for k in range(h):
                 slots[(s, k, c)] = offset + k
             offset += h
-        where = [slots[(s, k, c or "")] for s, k, h, c in found]
+        where = [slots[(s, k, c)] for s, k, _, c in found]
         if sorted(where) != list(range(offset)) or not _alike([widths[s] for s, _, _ in groups]):
             return None
-        return [groups, where]
+        return tuple(groups), where
 
-    made: dict = {}  # groups -> the variable of their side-by-side matrix
-    scaled_stacks: dict = {}
-    taken = {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
+    made: dict = {}  # groups -> their side-by-side matrix
+    scaled_stacks: dict = {}  # (stack, scale) -> the stack so scaled
+    before: dict = {}  # op -> the new ops put just before it
+    mapping: dict = {}
 
-    def fresh(base: str) -> str:
-        name = base
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        return name
-
-    out: list = []
-
-    def wide(groups) -> str:
-        key = tuple(groups)
-        if key in made:
-            return made[key]
+    def wide(groups, at: Op) -> Value:
+        if groups in made:
+            return made[groups]
         parts = []
         for s, h, c in groups:
             if c:
                 if (s, c) not in scaled_stacks:
-                    v = scaled_stacks[(s, c)] = fresh(s + "s")
-                    out.append(Stmt(v, "%s = %s * %s" % (v, c, s), (s,)))
+                    v = scaled_stacks[(s, c)] = Value(shape=s.shape, batched=s.batched, heads=s.heads, hint=s,
+                                                      suffix="s")
+                    before.setdefault(at, []).append(Op("scale", [v], [Read(s, scale=c)]))
                 parts.append(scaled_stacks[(s, c)])
             else:
                 parts.append(s)
-        v = made[key] = fresh(parts[0] + "_w")
-        out.append(Stmt(v, "%s = _side_by_side((%s,))" % (v, ", ".join(parts)), tuple(parts)))
+        width = widths[groups[0][0]]
+        count = sum(h for _, h, _ in groups)
+        shape = None if parts[0].shape is None else (
+            parts[0].shape[0], width * count if isinstance(width, int) else None)
+        v = made[groups] = Value(shape=shape, batched=any(p.batched for p in parts), hint=parts[0], suffix="_w")
+        before.setdefault(at, []).append(Op("side_by_side", [v], [Read(p) for p in parts]))
         return v
 
     def in_order(items, where) -> list:
@@ -180,32 +404,32 @@ def side_by_side(body: list, kept: set, shapes: dict) -> list:
             ordered[k] = x
         return ordered
 
-    for st in body:
-        new = None
-        total, rows, summed = _TOTAL.match(st.code), _TOTAL_ROWS.match(st.code), _SUM.match(st.code)
-        if total or rows:  # a weight's gradients: the matrix's columns (rows: its transpose's rows)
-            outs, operand, xs = ((_list(total.group(1)), total.group(2), _list(total.group(3))) if total else
-                                 (_list(rows.group(1)), rows.group(3), _list(rows.group(2))))
-            found = columns(xs, transposed=bool(rows)) if len(outs) == len(xs) else None
+    for op in list(sweep.ops):
+        if op.kind == "grouped" and op.attrs.get("total"):
+            # a weight's gradients: the matrix's columns (rows: its transpose's rows)
+            cols = op.attrs.get("side") == "cols"
+            operand, xs = (op.args[0], op.args[1:]) if cols else (op.args[-1], op.args[:-1])
+            found = columns(xs, transposed=not cols) if len(op.outs) == len(xs) else None
             if found:
-                ordered, w = in_order(outs, found[1]), wide(found[0])
-                args = (operand, w, -1) if total else (w + ".mT", operand, -2)
-                new = Stmt(ordered[0], "%s = _split_total(%s, %s, _nb, %d, %d)"
-                           % (", ".join(ordered), args[0], args[1], len(outs), args[2]), (w, operand.split(".")[0]))
-        elif summed:  # an adjoint: the pairs, which commute, in the matrix's order
-            xs, ys = _list(summed.group(2)), _list(summed.group(3))
+                w = wide(found[0], op)
+                args = [operand, Read(w)] if cols else [Read(w, True), operand]
+                mapping[op] = [Op("split_total", in_order(op.outs, found[1]), args, n=len(op.outs),
+                                  axis=-1 if cols else -2)]
+        elif op.kind == "sum_of_products":  # an adjoint: the pairs, which commute, in the matrix's order
+            n = op.attrs["n"]
+            xs, ys = op.args[:n], op.args[n:]
             found = columns(xs) if len(xs) == len(ys) else None
             if found:
-                ordered, w = in_order(ys, found[1]), wide(found[0])
-                new = Stmt(st.target, "%s = %s @ _cat((%s,), -2)" % (st.target, w, ", ".join(ordered)),
-                           (w,) + tuple(dict.fromkeys(y.split(".")[0] for y in ordered)))
-        out.append(new or st)
-    # heads and scaled heads that nothing reads now are not made
+                w = wide(found[0], op)
+                mapping[op] = [Op("cat_matmul", op.outs, [Read(w)] + in_order(ys, found[1]))]
+    if not mapping:
+        return
+    sweep.rewrite(mapping, before=before)
+    # heads and scaled heads that nothing reads now are not made (a scaled head first: then its head)
     while True:
-        read = {u for st in out for u in st.uses} | set(kept)
-        dead = [k for k, st in enumerate(out) if (_UNBIND.match(st.code) or (_SCALE.match(st.code)
-                and st.target in scaled)) and not read & set(targets(st))]
+        dead = [op for op in candidates if not any(sweep.readers.get(v) or v in kept for v in op.outs)]
         if not dead:
-            return out
-        out = [st for k, st in enumerate(out) if k not in set(dead)]
-
+            return
+        sweep.rewrite({op: [] for op in dead})
+        gone = set(dead)
+        candidates = [op for op in candidates if op not in gone]
