@@ -70,13 +70,12 @@ from .fusion import (
     group_products,
     group_sums,
     shared_scalings,
-    stacked_heads,
     summed_product,
     summed_reduction,
     transposed_reads,
     unlet,
 )
-from .heads import grouped_kinds, side_by_side
+from .heads import grouped_kinds, side_by_side, stacked_heads
 from .ir import Dim, Op, Read, Sweep, Value, check
 from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
 from .products import Products, _Ref, canon
