@@ -1,5 +1,5 @@
 """The torch kernels' passes (``fdsl.codegen.kernels``: addmm, add into, the affine layer norm, the
-log-softmax backward), each on small sweeps built
+log-softmax backward) and the early results (``fdsl.codegen.schedule``), each on small sweeps built
 by hand: the ops each leaves (kinds, values, attrs), the checker after every pass, the cases where
 each must not fire (one for every guard), and the values of the sweep before and after, computed
 op by op with the torch runtime's helpers (a batch and one example)."""
@@ -11,6 +11,7 @@ import pytest
 from fdsl.codegen import ir
 from fdsl.codegen.ir import Dim, Op, Read, Sweep, Value
 from fdsl.codegen.kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
+from fdsl.codegen.schedule import early_results
 
 torch = pytest.importorskip("torch")
 from fdsl.codegen import torch_runtime as rt  # noqa: E402 (torch first)
@@ -472,3 +473,56 @@ def test_the_head_of_a_longer_difference_is_the_log_softmax_backward():
     assert back.kind == "dlogsoftmax_given" and rest.args == (R(back.out), R(c)) and rest.out is n["d"]
     gen = torch.Generator().manual_seed(12)
     same(ops, sweep.ops, {n["Z"]: randn(gen, 3, 5, 6), n["Y"]: randn(gen, 3, 5, 6), c: randn(gen, 3, 5, 6)}, [n["d"]])
+
+
+# ---- results as soon as their operands are known -----------------------------------------------------
+
+
+def test_a_gradient_is_computed_as_soon_as_its_operands_are_known():
+    # a result (read by nothing in the sweep, by the return) moves up to just after the op that
+    # makes the last value it reads, so its operands can be freed there; past an update in place
+    # of what it reads it does not move, nor does an update in place
+    X, W, Vw = V(4, 3), V(3, 3), V(3, 3)
+    a, b, c, a2, e, ga, gb = V(4, 3), V(4, 3), V(4, 3), V(4, 3), V(4, 1), V(3, 3), V(3, 3)
+    ops = [Op("matmul", [a], (R(X), R(W))), Op("scale", [b], (R(a, False, 2.0),)), Op("matmul", [c], (R(b), R(Vw))),
+           Op("add_into", [a2], (R(a), R(c))), Op("sum_axis", [e], (R(c),), axis=-1),
+           Op("matmul", [ga], (R(X, True), R(b))), Op("matmul", [gb], (R(a2, True), R(X)))]
+    sweep = run(early_results, ops, {ga, gb, e}, (X, W, Vw))
+    assert [op.out for op in sweep] == [a, b, ga, c, e, a2, gb], sweep.ops
+    rng = torch.Generator().manual_seed(13)
+    same(ops, sweep.ops, {X: randn(rng, 4, 3), W: randn(rng, 3, 3), Vw: randn(rng, 3, 3)}, [ga, gb, e])
+    # an update in place that is a result stays where it is (moved up it would pass b's reads of a)
+    a3 = V(4, 3)
+    ops = [ops[0], ops[1], Op("matmul", [c], (R(b), R(Vw))), Op("add_into", [a3], (R(a), R(W)))]
+    assert run(early_results, ops, {c, a3}, (X, W, Vw)).ops == ops
+
+
+def test_a_result_is_not_moved_into_the_prologue_nor_is_a_value_read_in_the_sweep():
+    x, w, dn, a, ga, gs = V(4, 3), V(3, 3), V(scalar=True), V(4, 3), V(3, 3), V(4, 3)
+    ops = [Op("input", [x], (), name="X"), Op("input", [w], (), name="W"), Op("dim", [dn], (R(x),), axis=0),
+           Op("matmul", [a], (R(x), R(w))), Op("scale", [V(4, 3)], (R(a, False, 2.0),)),
+           Op("matmul", [ga], (R(x, True), R(x)), total=True), Op("scale", [gs], (R(x, False, Dim(dn)),))]
+    sweep = run(early_results, ops, {ga, gs, a}, ())
+    assert [op.out for op in sweep] == [x, w, dn, ga, gs, a, ops[4].out], sweep.ops
+    # a value read after the sweep that the sweep reads too is not a result: it stays
+    p, k, z = V(4, 3), V(3, 3), V(3, 3)
+    ops = [Op("scale", [p], (R(x, False, 2.0),)), Op("matmul", [k], (R(x, True), R(x))), Op("scale", [z], (R(k),))]
+    assert run(early_results, ops, {p, k, z}, (x,)).ops == ops
+
+
+def test_the_early_results_are_one_walk_over_a_deep_sweep():
+    # a sweep of 20,000 layers each with its gradient at the end: every one moves, in one reorder
+    X = V(4, 3)
+    ops, grads = [], []
+    last = X
+    for _ in range(20000):
+        nxt = V(4, 3)
+        ops.append(Op("scale", [nxt], (R(last, False, 0.5),)))
+        last = nxt
+    for op in ops[::2]:
+        g = V(3, 3)
+        grads.append(Op("matmul", [g], (R(X, True), R(op.out))))
+    kept = {op.out for op in grads} | {last}
+    sweep = Sweep(ops + grads)
+    early_results(sweep, kept)
+    assert sweep.ops[1] is grads[0] and sweep.ops[-1] is ops[-1] and len(sweep) == len(ops) + len(grads)
