@@ -571,116 +571,10 @@ def _run(stmts, env):
     return ns
 
 
-def test_a_product_added_to_a_matrix_is_one_addmm():
-    # P = A @ B read only by Y = X + P: Y = _addmm(X, A, B) (a residual, or a bias row), for a
-    # batch, one example, a row and a matrix beside a batch (the fallback); not when P is read again
-    from fdsl.codegen.fusion import Stmt
-    from fdsl.codegen.kernels import added_products
-
-    body = [Stmt("p", "p = A @ B", ("A", "B")), Stmt("y", "y = X + p", ("X", "p")),
-            Stmt("q", "q = y @ B2", ("y", "B2")), Stmt("z", "z = q + r", ("q", "r"))]
-    out = added_products(body, {"z"})
-    assert [st.code for st in out] == ["y = _addmm(X, A, B)", "z = _addmm(r, y, B2)"], out
-    assert added_products(body + [Stmt("w", "w = p * 2.0", ("p",))], set())[0] == body[0]
-    # an operand updated in place between the product and the sum: they stay apart
-    moved = [body[0], Stmt("A", "A += V", ("A", "V")), body[1]]
-    assert added_products(moved, {"y"}) == moved
-    g = torch.Generator().manual_seed(7)
-    for a_lead, x_lead in (((3,), (3,)), ((), ()), ((3,), ())):
-        env = {"A": torch.randn(*a_lead, 5, 4, generator=g, dtype=torch.float64),
-               "B": torch.randn(4, 6, generator=g, dtype=torch.float64),
-               "X": torch.randn(*x_lead, 5, 6, generator=g, dtype=torch.float64),
-               "B2": torch.randn(6, 2, generator=g, dtype=torch.float64),
-               "r": torch.randn(1, 2, generator=g, dtype=torch.float64)}
-        assert torch.allclose(_run(body, env)["z"], _run(out, env)["z"], atol=1e-12)
-
-
-def test_an_affine_layer_norm_is_one_kernel_forward_and_one_backward():
-    # layernorm(A) * C g + C b and its backward (the input's adjoint, the gain's and the bias's
-    # gradients) as torch's fused kernels, batch and one example; left alone when its normalised
-    # X is read by anything else
-    from fdsl.codegen.fusion import Stmt
-    from fdsl.codegen.kernels import affine_layernorms
-
-    body = [Stmt("x", "x, m, r = _layernorm_stats(A)", ("A",)), Stmt("h", "h = (x * g)", ("x", "g")),
-            Stmt("s", "s = h + b", ("h", "b")), Stmt("y", "y = s @ W", ("s", "W")),
-            Stmt("u", "u = (E * g.mT)", ("E", "g")),
-            Stmt("dA", "dA = _dlayernorm_stats(A, u.mT, m, r)", ("A", "u", "m", "r")),
-            Stmt("wb", "wb = _sum_total(E.mT, -2, _nb)", ("E",)), Stmt("v", "v = (E * x.mT)", ("E", "x")),
-            Stmt("wg", "wg = _sum_total(v, -1, _nb).mT", ("v",))]
-    kept = {"y", "dA", "wg", "wb"}
-    out = affine_layernorms(body, kept)
-    assert [st.code for st in out] == ["s, m, r = _layernorm_affine(A, g, b)", "y = s @ W",
-                                       "dA, wg, wb = _dlayernorm_affine(E.mT, A, m, r, g, b, _nb)"], out
-    gen = torch.Generator().manual_seed(8)
-    for nb in (3, 0):
-        lead = (nb,) if nb else ()
-        env = {"_nb": nb, "A": torch.randn(*lead, 5, 4, generator=gen, dtype=torch.float64),
-               "E": torch.randn(*lead, 4, 5, generator=gen, dtype=torch.float64),
-               "g": torch.randn(1, 4, generator=gen, dtype=torch.float64),
-               "b": torch.randn(1, 4, generator=gen, dtype=torch.float64),
-               "W": torch.randn(4, 2, generator=gen, dtype=torch.float64)}
-        want, got = _run(body, env), _run(out, env)
-        for k in kept:
-            assert torch.allclose(want[k], got[k], atol=1e-12), (nb, k)
-    other = body + [Stmt("z", "z = x + 1.0", ("x",))]
-    assert affine_layernorms(other, kept | {"z"}) == other
-    # the backward in the row frame (G as it is; sums over the rows, -2)
-    rows = body[:4] + [Stmt("u", "u = (F * g)", ("F", "g")), Stmt("dA", "dA = _dlayernorm_stats(A, u, m, r)",
-                                                                  ("A", "u", "m", "r")),
-                       Stmt("wb", "wb = _sum_total(F, -2, _nb)", ("F",)), Stmt("v", "v = (x * F)", ("x", "F")),
-                       Stmt("wg", "wg = _sum_total(v, -2, _nb)", ("v",))]
-    out = affine_layernorms(rows, kept)
-    assert out[-1].code == "dA, wg, wb = _dlayernorm_affine(F, A, m, r, g, b, _nb)", out
-    env["F"] = torch.randn(5, 4, generator=gen, dtype=torch.float64)
-    want, got = _run(rows, env), _run(out, env)
-    for k in kept:
-        assert torch.allclose(want[k], got[k], atol=1e-12), k
-    # a frame that does not fit (the gain summed over the other axis) is left alone
-    wrong = rows[:-1] + [Stmt("wg", "wg = _sum_total(v, -1, _nb).mT", ("v",))]
-    assert affine_layernorms(wrong, kept) == wrong
-
-
-def test_a_log_softmax_derivative_is_the_fused_backward_from_its_forward():
-    # Y - softmax(Z) o rowsum(Y) with logsoftmax(Z) computed: torch's log-softmax backward from it
-    from fdsl.codegen.fusion import Stmt
-    from fdsl.codegen.kernels import logsoftmax_backwards
-
-    body = [Stmt("L", "L = torch.log_softmax(Z, dim=-1)", ("Z",)), Stmt("p", "p = _softmax(Z)", ("Z",)),
-            Stmt("r", "r = Y.sum(dim=-1, keepdim=True)", ("Y",)), Stmt("h", "h = (p * r)", ("p", "r")),
-            Stmt("d", "d = Y - h", ("Y", "h"))]
-    out = logsoftmax_backwards(body, {"L", "d"})
-    assert [st.code for st in out] == [body[0].code, "d = _dlogsoftmax_given(L, Y)"], out
-    gen = torch.Generator().manual_seed(9)
-    for lead in ((3,), ()):
-        env = {"Z": torch.randn(*lead, 5, 6, generator=gen, dtype=torch.float64),
-               "Y": torch.rand(*lead, 5, 6, generator=gen, dtype=torch.float64)}
-        assert torch.allclose(_run(body, env)["d"], _run(out, env)["d"], atol=1e-12)
-    # no log-softmax of the same Z computed: left alone
-    assert logsoftmax_backwards(body[1:], {"d"}) == body[1:]
-
-
-def test_a_gradient_is_computed_as_soon_as_its_operands_are_known():
-    # a result (read by nothing but the return) moves up to just after what it reads, so its
-    # operands can be freed there; past an update in place of what it reads it does not move
-    from fdsl.codegen.fusion import Stmt
-    from fdsl.codegen.schedule import early_results
-
-    body = [Stmt("a", "a = X @ W", ("X", "W")), Stmt("b", "b = a * 2.0", ("a",)), Stmt("c", "c = b @ V", ("b", "V")),
-            Stmt("a", "a += c", ("a", "c")), Stmt("e", "e = c.sum()", ("c",)),
-            Stmt("ga", "ga = X.mT @ b", ("X", "b")), Stmt("gb", "gb = a.mT @ X", ("a", "X"))]
-    out = early_results(body, {"ga", "gb", "e"})
-    assert [st.target for st in out] == ["a", "b", "ga", "c", "e", "a", "gb"], out
-    rng = np.random.default_rng(13)
-    env = {"X": rng.standard_normal((4, 3)), "W": rng.standard_normal((3, 3)), "V": rng.standard_normal((3, 3))}
-    got = []
-    for stmts in (body, out):
-        ns = dict(env)
-        for st in stmts:
-            exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
-        got.append([ns[k] for k in ("ga", "gb", "e")])
-    assert all(np.allclose(x, y) for x, y in zip(*got))
-    # in the chargpt, the last MLP's weight gradient comes before the first block's adjoint is known
+def test_the_last_mlp_weight_gradient_comes_before_the_first_blocks_adjoint():
+    # each result as soon as its operands are known (schedule.early_results, whose unit tests are
+    # in test_pass_kernels.py): in the chargpt, the last MLP's weight gradient comes before the
+    # first block's adjoint is known
     from fdsl.calculus.gradients import loss_of
 
     g = fdsl.load(ROOT / "examples" / "chargpt.fd")
@@ -737,26 +631,6 @@ def test_the_loss_alone_under_no_grad_is_the_forward_sweep():
     values = dict(X=X, Y=Y, **dict(model.named_weights()))
     with torch.no_grad():
         assert abs(float(ns["loss"](values)) - float(trained)) <= 1e-12 * abs(float(trained))
-
-
-def test_the_mask_is_added_into_the_scores():
-    # P = _bmm(...) read only by Y = P + Z: Y = _add_into(P, Z) where Z broadcasts to P (the causal
-    # mask added to the scores); not where Z is the larger, nor when P is read again
-    from fdsl.codegen.fusion import Stmt
-    from fdsl.codegen.kernels import added_in_place
-
-    body = [Stmt("p", "p = _bmm(A, B)", ("A", "B")), Stmt("y", "y = p + M", ("p", "M")),
-            Stmt("q", "q = A @ B", ("A", "B")), Stmt("z", "z = Big + q", ("Big", "q"))]
-    out = added_in_place(body, {"y", "z"})
-    assert [st.code for st in out] == ["p = _bmm(A, B)", "y = _add_into(p, M)", "q = A @ B", "z = _add_into(q, Big)"]
-    assert added_in_place(body + [Stmt("w", "w = p * 2.0", ("p",))], {"y", "z", "w"})[1] == body[1]
-    gen = torch.Generator().manual_seed(10)
-    env = {"A": torch.randn(3, 4, 5, generator=gen, dtype=torch.float64),
-           "B": torch.randn(3, 5, 4, generator=gen, dtype=torch.float64),
-           "M": torch.triu(torch.full((4, 4), float("-inf"), dtype=torch.float64), 1),
-           "Big": torch.randn(2, 3, 4, 4, generator=gen, dtype=torch.float64)}
-    want, got = _run(body, env), _run(out, env)
-    assert torch.equal(want["y"], got["y"]) and torch.allclose(want["z"], got["z"]) and got["z"].shape == (2, 3, 4, 4)
 
 
 def test_heads_whose_values_are_wider_than_their_keys_agree_with_autograd():

@@ -124,6 +124,8 @@ KINDS = {
     "scale": Kind("a read times its scale (a new array)"),
     "add_into": Kind("P + Z written into P, which dies there", inplace=0),
     "addmm": Kind("C + A @ B as one kernel"),
+    # not an addmm of more operands: the checker reads an addmm's last two as the product's sides
+    "cat_addmm": Kind("C + A @ [B_1; ...; B_k] as one kernel (the B_i concatenated along the rows)"),
     # elementwise and row-wise operators
     "template": Kind("an operator of the table by its target template (attrs op, data)"),
     "mask": Kind("A > 0"),

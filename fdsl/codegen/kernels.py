@@ -1,234 +1,334 @@
-"""Library kernels that do several of the lowering's statements at once, as autograd's do.
+"""Library kernels that do several ops of the sweep at once, as autograd's do.
 
 Vocabulary
 ----------
-addmm          ``C + A @ B`` as one kernel (``_addmm``): a residual stream adding a layer's
-               output, a bias row added to a layer's product (``nn.Linear``'s bias).
-affine layer   ``layernorm(A) * C g + C b``, a layer norm with its gain row g and bias row b,
+addmm          ``C + A @ B`` as one kernel (``addmm``): a residual stream adding a layer's output,
+               a bias row added to a layer's product (``nn.Linear``'s bias); ``cat_addmm`` where
+               the product's right side is a concatenation (``cat_matmul``: the heads' outputs
+               times the blocks of the output weight).
+add into       ``P + Z`` written into P (``add_into``), P a product made here and read nowhere
+               else (the attention mask added to the scores, as autograd's ``masked_fill_``).
+affine layer   ``layernorm(A) o C g + C b``, a layer norm with its gain row g and bias row b,
 norm           the form every transformer block has: the forward is one ``native_layer_norm``
-               with g and b (``_layernorm_affine``), and its backward, the input's adjoint
-               ``dlayernorm(A, G o C g)`` with the gradients of g (``sum of G o layernorm(A)``)
-               and b (``sum of G``), is one ``native_layer_norm_backward`` that computes all three
-               (``_dlayernorm_affine``), instead of a multiplication, two products and two sums.
+               with g and b (``layernorm_affine``), and its backward, the input's adjoint
+               ``dlayernorm(A, G o C g)`` with the gradients of g (``G o layernorm(A)`` summed over
+               the rows) and b (``G`` summed), is one ``native_layer_norm_backward`` that computes
+               all three (``dlayernorm_affine``), instead of a multiplication, two products and
+               two sums.
 upstream       G, the adjoint of the layer norm's output, in the rows-by-columns layout of A; the
-               statements read it in either orientation (``E``, with ``G = E^t`` or ``G = E``).
+               ops read it in either orientation (a read of E, with ``G = E^t`` or ``G = E``).
+head           the terms of a sum's first statement (``attrs head``): these passes match a sum's
+               head ``Y = a + b`` (``a - b``), as the text passes matched a sum's first statement.
+               A kernel that does the head of a longer sum makes a new value, the part, and the
+               rest of the sum is added to it (a ``sum`` whose head is the part alone: the writer
+               adds the rest into the part in place, which dies there, as ``Y = _addmm(...)``,
+               ``Y += c`` did).
 
-Torch target only: these passes run on the statements after ``fusion`` and ``heads``, and each
-keeps the function's meaning (the runtime helpers fall back to the separate computations where
-the shapes do not fit the kernel).
+A sum is one ``sum`` op (``attrs signs``, ``head``); a Hadamard product is a ``template`` op with
+``attrs op="had"``, a log-softmax one with ``op="logsoftmax"``; a row sum is ``sum_axis``. Where
+the text passes matched an operand written as a bare name (``[\\w.]+``), the rewrites want a read
+without a scale, as they did; where they matched any operand, any read.
+
+Torch target only: these passes run on the sweep after ``fusion`` and ``heads``, and each keeps
+the function's meaning (the runtime helpers fall back to the separate computations where the
+shapes do not fit the kernel). Each is a set of rules for ``ir.graph_rewrite``, found from the
+sweep's indexes (``maker``, ``readers``), so a pass is linear in the sweep.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
-from .fusion import Stmt, index, targets, transposed
+from .ir import Op, Read, Sweep, Value, graph_rewrite
 
-_ADD = re.compile(r"(\w+) = ([\w.]+) \+ ([\w.]+)\Z")
-_SIMPLE = re.compile(r"[\w.]+\Z|\([^()]*\)(?:\.mT)?\Z")
+# ---- what the rules look for ------------------------------------------------------------------------
 
 
-def added_products(body: list, kept: set) -> list:
-    """``P = A @ B`` read only by ``Y = X + P`` (a residual stream adding a layer's output, a bias
-    row added to a layer's product) as ``Y = _addmm(X, A, B)``: torch's addmm adds X while it
-    multiplies, as ``nn.Linear`` does its bias, one pass over the result fewer. The runtime's
-    ``_addmm`` falls back to ``X + A @ B`` where the shapes do not fold (a matrix beside a batch).
-    ``kept``: variables read after the body."""
-    _, reads = index(body)
-    products = {}
-    for i, st in enumerate(body):
-        head, _, code = st.code.partition(" = ")
-        left, at, right = code.partition(" @ ")
-        if at and st.target == head and _SIMPLE.match(left) and "@" not in right and st.target not in kept:
-            products[st.target] = (i, left, right)
-    out = list(body)
-    drop = set()
-    for j, st in enumerate(body):
-        m = _ADD.match(st.code)
-        if not m:
+def _bare(r) -> bool:
+    """A read of a value as it is: not transposed, not scaled."""
+    return isinstance(r, Read) and not r.t and not r.scale
+
+
+def _unscaled(r) -> bool:
+    return isinstance(r, Read) and not r.scale
+
+
+def _only_reader(sweep: Sweep, v: Value, op: Op, kept: set) -> bool:
+    """``op`` is the one op that reads v, through one operand, and nothing after the sweep does."""
+    users = sweep.readers.get(v, {})
+    return v not in kept and len(users) == 1 and op in users and sum(
+        1 for a in op.args if isinstance(a, Read) and a.value is v) == 1
+
+
+def _head(op: Op, signs: tuple) -> Optional[tuple]:
+    """The two terms of a sum whose first statement is ``Y = a + b`` (signs (1, 1)) or ``Y = a - b``
+    (signs (1, -1)), else None."""
+    if op.kind != "sum" or len(op.args) < 2 or op.attrs.get("head", len(op.args)) != 2:
+        return None
+    if tuple(op.attrs.get("signs", ()))[:2] != signs:
+        return None
+    return op.args[0], op.args[1]
+
+
+def _head_done_by(op: Op) -> tuple:
+    """(the value a kernel that does sum ``op``'s head makes, the ops that take the sum's place):
+    the sum's own value and none for a sum of two terms; for a longer one a new part and the rest
+    of the sum added to it (see the module doc: head)."""
+    y = op.out
+    if len(op.args) == 2:
+        return y, []
+    part = Value(shape=y.shape, batched=y.batched, heads=y.heads, hint=y, suffix="_head")
+    attrs = dict(op.attrs, signs=(1,) + tuple(op.attrs["signs"][2:]), head=1)
+    return part, [Op("sum", [y], (Read(part),) + op.args[2:], **attrs)]
+
+
+def _updated_in_place(sweep: Sweep) -> dict:
+    """value -> the op that updates it in place (one at most: nothing reads it after that)."""
+    return {v: op for op in sweep.ops if (v := op.inplace()) is not None}
+
+
+def _unchanged(values, lo: int, hi: int, updated: dict, pos: dict) -> bool:
+    """No op at a position in (lo, hi) updates any of ``values`` in place."""
+    return not any(v in updated and lo < pos[updated[v]] < hi for v in values)
+
+
+def _made_before(sweep: Sweep, v: Value, at: int, pos: dict) -> bool:
+    """``v`` is made before position ``at`` (or before the sweep)."""
+    m = sweep.maker.get(v)
+    return m is None or pos[m] < at
+
+
+# ---- a product added to a matrix: one addmm -------------------------------------------------------
+
+
+def _addable(op: Op) -> bool:
+    """A plain product (one array of one example's layout, not scaled after: ``v = L @ R``) or a
+    product by a concatenation, which an addmm can do while it adds."""
+    if op.kind == "cat_matmul":
+        return True
+    return op.kind == "matmul" and not (op.attrs.get("total") or op.attrs.get("bmm") or op.attrs.get("out_scale"))
+
+
+def _added_product(sweep: Sweep, op: Op, pos: dict, ctx) -> Optional[dict]:
+    # Y = X + P, P = A @ B  =>  Y = addmm(X, A, B)
+    kept, updated = ctx
+    terms = _head(op, (1, 1))
+    if terms is None:
+        return None
+    for x, p in (terms, terms[::-1]):
+        prod = sweep.maker.get(p.value)
+        if prod is None or not _bare(p) or x.value is p.value or not _addable(prod) \
+                or not _only_reader(sweep, p.value, op, kept):
             continue
-        y, a, b = m.groups()
-        for x, p in ((a, b), (b, a)):
-            if p in products and reads.get(p) == [j] and x.split(".")[0] != p:
-                i, left, right = products[p]
-                if any(set(targets(body[k])) & set(body[i].uses) for k in range(i + 1, j)):
-                    continue  # A or B changes between the product and the sum: keep them apart
-                uses = tuple(dict.fromkeys((x.split(".")[0],) + tuple(u for u in body[i].uses)))
-                out[j] = Stmt(y, "%s = _addmm(%s, %s, %s)" % (y, x, left, right), uses)
-                drop.add(i)
-                break
-    return [st for k, st in enumerate(out) if k not in drop]
-
-
-# ---- an affine layer norm: one kernel forward, one backward -----------------------------------------
-
-_STATS = re.compile(r"(\w+), (\w+), (\w+) = _layernorm_stats\(([\w.]+)\)\Z")
-_HAD = re.compile(r"(\w+) = \(([\w.]+) \* ([\w.]+)\)\Z")
-_BACKWARD = re.compile(r"(\w+) = _dlayernorm_stats\(([\w.]+), (\w+)(\.mT)?, (\w+), (\w+)\)\Z")
-_SUM_TOTAL = re.compile(r"(\w+) = _sum_total\(([\w.]+), (-[12]), _nb\)(\.mT)?\Z")
-
-
-def _other(m, one: str):
-    """The other factor of a Hadamard product statement ``v = (a * b)`` whose factor is ``one``."""
-    a, b = m.group(2), m.group(3)
-    return b if a == one else a if b == one else None
-
-
-def _row_sum(m) -> Optional[str]:
-    """G of a statement summing G over its rows and the batch, written in either frame:
-    ``_sum_total(G, -2, _nb)`` or ``_sum_total(G^t, -1, _nb).mT``; else None."""
-    if m.group(3) == "-2" and not m.group(4):
-        return m.group(2)
-    if m.group(3) == "-1" and m.group(4):
-        return transposed(m.group(2))
+        if not _unchanged(prod.values_read(), pos[prod], pos[op], updated, pos):
+            continue  # A or B is updated in place between the product and the sum: keep them apart
+        out, rest = _head_done_by(op)
+        kind = "addmm" if prod.kind == "matmul" else "cat_addmm"
+        return {op: [Op(kind, [out], (x,) + prod.args)] + rest, prod: []}
     return None
 
 
-def affine_layernorms(body: list, kept: set) -> list:
-    """Each affine layer norm (see the module doc) whose forward and backward statements are all
-    here, in the forms the lowering writes, done by torch's fused kernels: ``X, m, r =
-    _layernorm_stats(A)``, ``M = (X * g)``, ``S = M + b`` become ``S, m, r = _layernorm_affine(A,
-    g, b)``; ``U = (G * g)``, ``D = _dlayernorm_stats(A, U, m, r)``, the gain's gradient ``V = (G *
-    X)``, ``Wg = _sum_total(V, -2, _nb)`` and the bias's ``Wb = _sum_total(G, -2, _nb)`` become
-    ``D, Wg, Wb = _dlayernorm_affine(G, A, m, r, g, b, _nb)``, each of them also in the transposed
-    frame (``U = (G^t * g.mT)`` read as ``U.mT``, sums over -1 transposed). A layer norm where any
-    of these is missing, or whose X, M or U something else reads, stays as it is. ``kept``:
-    variables read after the body."""
-    defs, reads = index(body)  # (variable -> the statements that assign it, in place too; ... that read it)
-    hads = {i: m for i, st in enumerate(body) if (m := _HAD.match(st.code))}
-    sums = {i: m for i, st in enumerate(body) if (m := _SUM_TOTAL.match(st.code))}
-
-    def once(v, i) -> bool:
-        return reads.get(v) == [i] and v not in kept and len(defs.get(v, ())) == 1
-
-    def scaled(j, factor) -> tuple:
-        """(G, whether transposed) where statement j is G o factor in the row frame, or (G o
-        factor)^t = G^t o factor.mT transposed; (None, None) if it is neither."""
-        if j not in hads:
-            return None, None
-        if _other(hads[j], factor) is not None:
-            return _other(hads[j], factor), False
-        other = _other(hads[j], factor + ".mT")
-        return (transposed(other), True) if other is not None else (None, None)
-
-    replace, drop = {}, set()
-    for i, st in enumerate(body):
-        m = _STATS.match(st.code)
-        if not m:
-            continue
-        x, mean, rstd, a = m.groups()
-        # the forward: M = (X * g), S = M + b
-        xr = [j for j in reads.get(x, ()) if j != i]
-        f2 = next((j for j in xr if j in hads and _other(hads[j], x) and "." not in _other(hads[j], x)), None)
-        if f2 is None:
-            continue
-        g, mm = _other(hads[f2], x), hads[f2].group(1)
-        f3 = reads.get(mm, [None])[0]
-        add = _ADD.match(body[f3].code) if f3 is not None and once(mm, f3) else None
-        if add is None or mm not in add.groups()[1:] or "." in (b := next(v for v in add.groups()[1:] if v != mm)):
-            continue
-        s = add.group(1)
-        # the backward: U = G o g read by D = _dlayernorm_stats(A, U, mean, rstd)
-        back = [j for j in reads.get(mean, ()) if (d := _BACKWARD.match(body[j].code)) and d.group(2) == a
-                and d.group(5) == mean and d.group(6) == rstd]
-        if len(back) != 1:
-            continue
-        d = _BACKWARD.match(body[back[0]].code)
-        u, frame = d.group(3), bool(d.group(4))
-        f_u = defs.get(u, [None])[0]
-        grad, flip = scaled(f_u, g) if f_u is not None and once(u, back[0]) else (None, None)
-        if grad is None or flip != frame:
-            continue
-        # the gain's gradient: V = G o X summed over the rows, the bias's: G summed
-        gain = [j for j in xr if scaled(j, x)[0] == grad]
-        if len(gain) != 1 or not set(xr) <= {f2, gain[0]}:
-            continue
-        v, vflip = hads[gain[0]].group(1), scaled(gain[0], x)[1]
-        wg = [j for j in reads.get(v, ()) if j in sums and _row_sum(sums[j]) == (transposed(v) if vflip else v)]
-        wb = [j for j in sums if _row_sum(sums[j]) == grad]
-        if len(wg) != 1 or not once(v, wg[0]) or not wb:
-            continue
-        wg, wb = wg[0], wb[0]
-        if min(wg, wb) < back[0] or any(f_u < k <= max(wg, wb) for k in defs.get(grad.split(".")[0], ())):
-            continue  # the gradients are assigned where the backward is, from G as it is there
-        replace[i] = Stmt(s, "%s, %s, %s = _layernorm_affine(%s, %s, %s)" % (s, mean, rstd, a, g, b),
-                          (a.split(".")[0], g, b))
-        drop |= {f2, f3, f_u, gain[0], wg, wb}
-        uses = tuple(dict.fromkeys([grad.split(".")[0], a.split(".")[0], mean, rstd, g, b]))
-        dv, wgv, wbv = d.group(1), sums[wg].group(1), sums[wb].group(1)
-        replace[back[0]] = Stmt(dv, "%s, %s, %s = _dlayernorm_affine(%s, %s, %s, %s, %s, %s, _nb)"
-                                % (dv, wgv, wbv, grad, a, mean, rstd, g, b), uses)
-    if not replace:
-        return body
-    return [replace.get(k, st) for k, st in enumerate(body) if k not in drop or k in replace]
-
-
-# ---- a log-softmax's derivative from its forward --------------------------------------------------
-
-_LOGSOFTMAX = re.compile(r"(\w+) = torch\.log_softmax\(([\w.]+), dim=-1\)\Z")
-_SOFTMAX = re.compile(r"(\w+) = _softmax\(([\w.]+)\)\Z")
-_ROWSUM = re.compile(r"(\w+) = ([\w.]+)\.sum\(dim=-1, keepdim=True\)\Z")
-_SUB = re.compile(r"(\w+) = ([\w.]+) - (\w+)\Z")
-
-
-def logsoftmax_backwards(body: list, kept: set) -> list:
-    """``B - softmax(Z) o (rowsum(B) 1^t)``, the derivative of log-softmax at Z applied to B (a
-    cross-entropy's ``Y - softmax(Z) rowsum(Y)``), where the forward computed ``L =
-    logsoftmax(Z)``: ``_dlogsoftmax_given(L, B)``, torch's fused log-softmax backward from L,
-    instead of a softmax, a row sum, a product and a difference. ``kept``: variables read after."""
-    where, reads = index(body)
-    logs = {m.group(2): (i, m.group(1)) for i, st in enumerate(body) if (m := _LOGSOFTMAX.match(st.code))}
-    replace, drop = {}, set()
-    for j, st in enumerate(body):
-        sub = _SUB.match(st.code)
-        if not sub:
-            continue
-        d, b, h = sub.groups()
-        fh = where.get(h, [None])
-        had = _HAD.match(body[fh[0]].code) if len(fh) == 1 and fh[0] is not None else None
-        if had is None or reads.get(h) != [j] or h in kept:
-            continue
-        p, r = had.group(2), had.group(3)
-        fp, fr = where.get(p, [None]), where.get(r, [None])
-        if len(fp) != 1 or len(fr) != 1 or fp[0] is None or fr[0] is None:
-            continue
-        if _SOFTMAX.match(body[fr[0]].code):
-            p, r, fp, fr = r, p, fr, fp
-        soft, rows = _SOFTMAX.match(body[fp[0]].code), _ROWSUM.match(body[fr[0]].code)
-        if soft is None or rows is None or rows.group(2) != b or soft.group(2) not in logs:
-            continue
-        k, log = logs[soft.group(2)]
-        if k > j or len(where.get(log, ())) != 1 or any(reads.get(v) != [fh[0]] or v in kept for v in (p, r)):
-            continue
-        replace[j] = Stmt(d, "%s = _dlogsoftmax_given(%s, %s)" % (d, log, b), (log, b.split(".")[0]))
-        drop |= {fh[0], fp[0], fr[0]}
-    if not replace:
-        return body
-    return [replace.get(k, st) for k, st in enumerate(body) if k not in drop]
+def added_products(sweep: Sweep, kept: set) -> None:
+    """``P = A @ B`` read only by ``Y = X + P`` (a residual stream adding a layer's output, a bias
+    row added to a layer's product) as ``Y = addmm(X, A, B)``: torch's addmm adds X while it
+    multiplies, as ``nn.Linear`` does its bias, one pass over the result fewer. The runtime's
+    ``_addmm`` falls back to ``X + A @ B`` where the shapes do not fold (a matrix beside a batch).
+    Not where A or B is updated in place between the product and the sum, nor where P is read
+    after the sweep (``kept``: the values read after it)."""
+    graph_rewrite(sweep, {"sum": [_added_product]}, (kept, _updated_in_place(sweep)))
 
 
 # ---- a sum into a product that dies there ----------------------------------------------------------
 
-_FRESH = re.compile(r"(\w+) = (?:_bmm\(.*\)|[\w.]+ @ [\w.]+)\Z")
+
+def _fresh(op: Op) -> bool:
+    """A product that makes a new array: a batched one (``_bmm``), or a plain one of two bare
+    reads (as the text pass matched ``[\\w.]+ @ [\\w.]+``), not scaled after."""
+    if op.kind != "matmul" or op.attrs.get("total") or op.attrs.get("out_scale"):
+        return False
+    return bool(op.attrs.get("bmm")) or all(_unscaled(a) for a in op.args)
 
 
-def added_in_place(body: list, kept: set) -> list:
-    """``P = A @ B`` (or ``_bmm``: a new array) read only by ``Y = P + Z``: ``Y = _add_into(P, Z)``,
-    Z added into P where it broadcasts to P's shape (the attention mask added to the scores, as
-    autograd's ``masked_fill_``), one array fewer to allocate and fill. ``kept``: variables read
-    after the body."""
-    defs, reads = index(body)
-    out = list(body)
-    for j, st in enumerate(body):
-        m = _ADD.match(st.code)
-        if not m:
+def _sum_into(sweep: Sweep, op: Op, pos: dict, kept) -> Optional[dict]:
+    # Y = P + Z, P a fresh product read nowhere else  =>  Y = add_into(P, Z)
+    terms = _head(op, (1, 1))
+    if terms is None:
+        return None
+    for p, z in (terms, terms[::-1]):
+        prod = sweep.maker.get(p.value)
+        if prod is None or not _fresh(prod) or not _bare(p) or not _unscaled(z) or z.value is p.value \
+                or not _only_reader(sweep, p.value, op, kept):
             continue
-        y, a, b = m.groups()
-        for p, z in ((a, b), (b, a)):
-            d = defs.get(p, [])
-            if len(d) == 1 and d[0] < j and _FRESH.match(body[d[0]].code) and p not in kept \
-                    and [r for r in reads.get(p, ()) if r != d[0]] == [j] and z.split(".")[0] != p:
-                out[j] = Stmt(y, "%s = _add_into(%s, %s)" % (y, p, z), st.uses)
-                break
-    return out
+        out, rest = _head_done_by(op)
+        return {op: [Op("add_into", [out], (p, z))] + rest}
+    return None
+
+
+def added_in_place(sweep: Sweep, kept: set) -> None:
+    """``P = A @ B`` (or a batched product: a new array) read only by ``Y = P + Z``: ``Y =
+    add_into(P, Z)``, Z added into P where it broadcasts to P's shape (the attention mask added
+    to the scores, as autograd's ``masked_fill_``), one array fewer to allocate and fill; the
+    checker holds that nothing reads P after. ``kept``: the values read after the sweep."""
+    graph_rewrite(sweep, {"sum": [_sum_into]}, kept)
+
+
+# ---- an affine layer norm: one kernel forward, one backward -----------------------------------------
+
+
+def _had(op: Optional[Op]) -> bool:
+    """A Hadamard product of two reads without scales (as the text pass matched ``(a * b)``)."""
+    return op is not None and op.kind == "template" and op.attrs.get("op") == "had" and len(op.args) == 2 \
+        and all(_unscaled(a) for a in op.args)
+
+
+def _other(op: Op, one: Read) -> Optional[Read]:
+    """The other factor of a Hadamard product one of whose factors is read as ``one``."""
+    if not _had(op):
+        return None
+    a, b = op.args
+    return b if a == one else a if b == one else None
+
+
+def _times(op: Op, factor: Read) -> tuple:
+    """(G, whether transposed) where op is G o factor in the row frame, or (G o factor)^t = G^t o
+    factor^t, read transposed; (None, None) if it is neither."""
+    other = _other(op, factor)
+    if other is not None:
+        return other, False
+    other = _other(op, factor.T())
+    return (other.T(), True) if other is not None else (None, None)
+
+
+def _row_sum(op: Op) -> Optional[Read]:
+    """G of an op summing G over its rows and the batch, in either frame: ``sum_axis(G, -2,
+    total)`` or ``sum_axis(G^t, -1, total, view_t)``; else None."""
+    if op.kind != "sum_axis" or not op.attrs.get("total") or not _unscaled(op.args[0]):
+        return None
+    axis, view_t = op.attrs.get("axis"), op.attrs.get("view_t", False)
+    if axis == -2 and not view_t:
+        return op.args[0]
+    if axis == -1 and view_t:
+        return op.args[0].T()
+    return None
+
+
+def _affine_layernorm(sweep: Sweep, stats: Op, pos: dict, ctx) -> Optional[dict]:
+    kept, updated = ctx
+    x, mean, rstd = stats.outs
+    a = stats.args[0]
+    if not _unscaled(a) or x in kept:
+        return None
+    # the forward: M = X o g, S = M + b (the first product of X by a bare row)
+    xr = sorted(sweep.users(x), key=pos.get)
+    f2 = next((j for j in xr if _bare(_other(j, Read(x)))), None)
+    if f2 is None:
+        return None
+    g, m = _other(f2, Read(x)), f2.out
+    f3 = next(iter(sweep.readers.get(m, {})), None)
+    terms = _head(f3, (1, 1)) if f3 is not None and _only_reader(sweep, m, f3, kept) else None
+    if terms is None or Read(m) not in terms:
+        return None
+    b = terms[1] if terms[0] == Read(m) else terms[0]
+    if not _bare(b) or b.value is m or not all(_made_before(sweep, r.value, pos[stats], pos) for r in (g, b)):
+        return None  # (the fused forward is where the statistics were: g and b must be known there)
+    # the backward: U = G o g read (in the same frame) by D = dlayernorm_stats(A, U, mean, rstd)
+    back = [j for j in sweep.users(mean) if j.kind == "dlayernorm_stats" and j.args[0] == a
+            and j.args[2] == Read(mean) and j.args[3] == Read(rstd)]
+    if len(back) != 1 or not _unscaled(back[0].args[1]):
+        return None
+    back = back[0]
+    u = back.args[1]
+    f_u = sweep.maker.get(u.value)
+    grad, flip = _times(f_u, g) if f_u is not None and _only_reader(sweep, u.value, back, kept) else (None, None)
+    if grad is None or flip != u.t:
+        return None
+    # the gain's gradient: V = G o X summed over the rows; the bias's: G summed over the rows
+    gain = [j for j in xr if _times(j, Read(x))[0] == grad]
+    if len(gain) != 1 or not set(xr) <= {f2, gain[0]}:
+        return None
+    gain = gain[0]
+    v, vflip = gain.out, _times(gain, Read(x))[1]
+    wg = [j for j in sweep.users(v) if _row_sum(j) == Read(v, vflip)]
+    wb = sorted((j for j in sweep.users(grad.value) if _row_sum(j) == grad), key=pos.get)
+    if len(wg) != 1 or not _only_reader(sweep, v, wg[0], kept) or not wb:
+        return None
+    wg, wb = wg[0], wb[0]
+    if min(pos[wg], pos[wb]) < pos[back] or not _unchanged((grad.value,), pos[f_u], max(pos[wg], pos[wb]) + 1,
+                                                           updated, pos):
+        return None  # the gradients are made where the backward is, from G as it is there
+    s, rest = _head_done_by(f3)
+    forward = Op("layernorm_affine", [s, mean, rstd], (a, g, b))
+    backward = Op("dlayernorm_affine", [back.out, wg.out, wb.out], (grad, a, Read(mean), Read(rstd), g, b))
+    gone = {f2: [], f3: rest, f_u: [], gain: [], wg: [], wb: []}
+    if len(set(gone) | {stats, back}) != 8:
+        return None  # (no op plays two parts)
+    return gone, {stats: [forward], back: [backward]}
+
+
+def affine_layernorms(sweep: Sweep, kept: set) -> None:
+    """Each affine layer norm (see the module doc) whose forward and backward ops are all here, in
+    the forms the lowering makes, done by torch's fused kernels: ``X, m, r =
+    layernorm_stats(A)``, ``M = X o g``, ``S = M + b`` become ``S, m, r = layernorm_affine(A, g,
+    b)``; ``U = G o g``, ``D = dlayernorm_stats(A, U, m, r)``, the gain's gradient ``V = G o X``,
+    ``Wg = sum_axis(V, -2, total)`` and the bias's ``Wb = sum_axis(G, -2, total)`` become ``D, Wg,
+    Wb = dlayernorm_affine(G, A, m, r, g, b)``, each of them also in the transposed frame (``U =
+    G^t o g^t`` read as ``U^t``, sums over -1 read transposed). A layer norm where any of these
+    is missing, or whose X, M or U something else reads, stays as it is. ``kept``: the values
+    read after the sweep."""
+    ctx, pos = (kept, _updated_in_place(sweep)), sweep.positions()
+    gone: dict = {}
+    kernels: dict = {}
+    for op in [op for op in sweep.ops if op.kind == "layernorm_stats"]:
+        got = _affine_layernorm(sweep, op, pos, ctx)
+        if got is not None and not any(k in gone or k in kernels for part in got for k in part):
+            gone.update(got[0])
+            kernels.update(got[1])
+    # in two changes: the kernels make values that ops after them made (the normalised sum, the
+    # gradients), which must be gone from the indexes first (a value is made once)
+    if kernels:
+        sweep.rewrite(gone)
+        sweep.rewrite(kernels)
+
+
+# ---- a log-softmax's derivative from its forward --------------------------------------------------
+
+
+def _logsoftmax_backward(sweep: Sweep, op: Op, pos: dict, kept) -> Optional[dict]:
+    # D = B - softmax(Z) o rowsum(B), L = logsoftmax(Z) before  =>  D = dlogsoftmax_given(L, B)
+    terms = _head(op, (1, -1))
+    if terms is None:
+        return None
+    b, h = terms
+    fh = sweep.maker.get(h.value)
+    if not _unscaled(b) or not _bare(h) or not _had(fh) or not _only_reader(sweep, h.value, op, kept) \
+            or not all(_bare(f) for f in fh.args):
+        return None
+    p, r = fh.args
+    fp, fr = sweep.maker.get(p.value), sweep.maker.get(r.value)
+    if fp is None or fr is None:
+        return None
+    if fr.kind == "softmax":
+        p, r, fp, fr = r, p, fr, fp
+    rows = fr.kind == "sum_axis" and fr.attrs.get("axis") == -1 and not fr.attrs.get("total") \
+        and not fr.attrs.get("view_t") and fr.args[0] == b
+    if fp.kind != "softmax" or not rows:
+        return None
+    z = fp.args[0]
+    logs = [j for j in sweep.users(z.value) if j.kind == "template" and j.attrs.get("op") == "logsoftmax"
+            and j.args == (z,)]
+    if not logs or not _unscaled(z):
+        return None
+    log = max(logs, key=pos.get)  # the last, as the text pass's index of them kept it
+    if pos[log] > pos[op] or not all(_only_reader(sweep, f.value, fh, kept) for f in (p, r)):
+        return None
+    out, rest = _head_done_by(op)
+    return {op: [Op("dlogsoftmax_given", [out], (Read(log.out), b))] + rest, fh: [], fp: [], fr: []}
+
+
+def logsoftmax_backwards(sweep: Sweep, kept: set) -> None:
+    """``B - softmax(Z) o (rowsum(B) 1^t)``, the derivative of log-softmax at Z applied to B (a
+    cross-entropy's ``Y - softmax(Z) rowsum(Y)``), where the forward computed ``L =
+    logsoftmax(Z)``: ``dlogsoftmax_given(L, B)``, torch's fused log-softmax backward from L,
+    instead of a softmax, a row sum, a product and a difference. ``kept``: the values read after
+    the sweep."""
+    graph_rewrite(sweep, {"sum": [_logsoftmax_backward]}, kept)

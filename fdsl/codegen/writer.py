@@ -54,6 +54,7 @@ class Writer:
         self.counter = 0
         self.device = ", _dev" if target.device else ""
         self._unsqueeze: set = set()  # the values the op being written reads with a head axis
+        self.coalesced: set = set()  # sums written into the array of their first term (see coalesce)
 
     # -- names
 
@@ -201,6 +202,8 @@ class Writer:
         elif kind == "sum_of_products":
             n = op.attrs["n"]
             code = "_sum_of_products(%s, %s)" % (self.reads(a[:n]), self.reads(a[n:]))
+        elif kind == "cat_addmm":
+            code = "_addmm(%s, %s, _cat(%s, -2))" % (self.read(a[0]), self.read(a[1]), self.reads(a[2:]))
         elif kind == "cat_matmul":
             code = "%s @ _cat(%s, -2)" % (self.read(a[0]), self.reads(a[1:]))
         elif kind == "split_total":
@@ -246,7 +249,10 @@ class Writer:
         def values(items) -> list:
             return [v for _, r in items for v in Op("scale", (), [r]).values_read()]
 
-        lines = [("%s = %s" % (out, joined(terms[:head])), values(terms[:head]))]
+        if op in self.coalesced:  # the first term's array is this sum's: add the rest into it
+            lines = []
+        else:
+            lines = [("%s = %s" % (out, joined(terms[:head])), values(terms[:head]))]
         batched = any(r.value.batched for _, r in terms[:head])
         for sign, r in terms[head:]:
             if r.value.batched and not batched:  # broadcasts to a larger array: not into this one
@@ -290,6 +296,10 @@ _HELPERS = {
 }
 
 
+# the kinds whose result is a new array of their own (not a view of an operand, not an input)
+_OWNED = {"addmm", "cat_addmm", "matmul", "cat_matmul", "sum_of_products", "add_into"}
+
+
 class ModuleWriter:
     """Writing out a ``Lowering``: its sweep as a function, and the module around it."""
 
@@ -298,6 +308,22 @@ class ModuleWriter:
         self.writer.name_all(self.values)
         made = [v for op in self.sweep for v in op.outs]
         self.writer.name_all(made + [v for op in self.sweep for v in op.values_read()])
+
+    def _coalesce(self, kept: set) -> None:
+        """A sum whose first statement would be its first term alone, ``Y = P``, where P is a new
+        array that only this sum reads (an addmm that did the head of a longer sum): P is written
+        under Y's name and the rest added into it, as the sum would have been."""
+        for op in self.sweep:
+            if op.kind != "sum" or op.attrs.get("head") != 1 or op.attrs["signs"][0] < 0 or len(op.args) < 2:
+                continue
+            first = op.args[0]
+            maker = self.sweep.maker.get(first.value)
+            if first.t or first.scale or maker is None or maker.kind not in _OWNED or first.value in kept:
+                continue
+            if self.sweep.users(first.value) != [op] or sum(r.value is first.value for r in op.reads()) != 1:
+                continue
+            first.value.name = op.out.name
+            self.writer.coalesced.add(op)
 
     def function_body(self, results, loss=None, name="grads") -> list:
         """The lines of the sweep's body (the function ``name``): dtype, inputs, dims, constants,
@@ -323,6 +349,7 @@ class ModuleWriter:
         returned = {r.var for _, r, _ in results.values() if isinstance(r.var, Value)}
         if loss is not None:
             returned |= set(loss[1])
+        self._coalesce(keep | returned)
         statements = [w.statements(op) for op in self.sweep]
         last = {}  # value -> (op, statement) of its last read
         for i, stmts in enumerate(statements):
@@ -345,7 +372,7 @@ class ModuleWriter:
                 if early and i == loss_at and k == len(statements[i]) - 1:
                     lines.append("if not _grads:\n    return None, %s" % loss[0])
                 dead = sorted({v.name for v in reads if last.get(v) == (i, k) and v not in keep
-                               and v not in returned and v not in op.outs})
+                               and v not in returned and v.name not in {o.name for o in op.outs}})
                 if dead:
                     lines.append("del " + ", ".join(dead))
 
