@@ -237,7 +237,7 @@ class Writer:
         """``v = a + b`` (the first statement's terms, an array of its own), then ``v += c``."""
         terms = list(zip(op.attrs["signs"], op.args))
         head = op.attrs.get("head", 2)
-        if head == 1 and terms[0][0] > 0 and len(terms) > 1:
+        if head == 1 and terms[0][0] > 0 and len(terms) > 1 and op not in self.coalesced:
             head = 2  # v = a alone would be a's array: never add into an array the writer does not own
         out = op.outs[0].name
 
