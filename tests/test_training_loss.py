@@ -397,51 +397,6 @@ def test_the_chargpt_scales_each_score_adjoint_once():
     assert backward.count(s) == 4 and len(re.findall(r"\w+_hs = %s \* \w+_h\n" % re.escape(s), backward)) == 4, backward
 
 
-def test_a_variable_scaled_in_two_statements_is_scaled_once():
-    from fdsl.codegen.fusion import Stmt, shared_scalings
-
-    body = [Stmt("a", "a = X @ W", ("X", "W")), Stmt("b", "b = (0.5 * a.mT) @ V", ("a", "V")),
-            Stmt("c", "c = (0.5 * a).mT + Z", ("a", "Z")), Stmt("e", "e = (2.0 * a) + a", ("a",))]
-    out = shared_scalings(body)
-    assert [st.code for st in out] == ["a = X @ W", "a_s = 0.5 * a", "b = a_s.mT @ V", "c = a_s.mT + Z",
-                                       "e = (2.0 * a) + a"], out
-    assert "a_s" in out[2].uses and "a_s" in out[3].uses
-    rng = np.random.default_rng(11)
-    env = {"X": rng.standard_normal((3, 4)), "W": rng.standard_normal((4, 2)), "V": rng.standard_normal((3, 5)),
-           "Z": rng.standard_normal((2, 3))}
-    got = []
-    for stmts in (body, out):
-        ns = dict(env)
-        for st in stmts:
-            exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
-        got.append((ns["b"], ns["c"]))
-    assert np.allclose(got[0][0], got[1][0]) and np.allclose(got[0][1], got[1][1])
-
-
-def test_a_product_read_only_transposed_is_computed_transposed():
-    from fdsl.codegen.fusion import Stmt, transposed_reads
-
-    rng = np.random.default_rng(10)
-    env = {"X": rng.standard_normal((4, 3)), "W": rng.standard_normal((4, 2)), "V": rng.standard_normal((3, 5)),
-           "Z": rng.standard_normal((3, 2))}
-    body = [Stmt("a", "a = X.mT @ W", ("X", "W")), Stmt("b", "b = (0.5 * a).mT @ V", ("a", "V")),
-            Stmt("c", "c = a.mT @ Z", ("a", "Z"))]
-    turned = transposed_reads(body, set())
-    assert [st.code for st in turned] == ["a = W.mT @ X", "b = (0.5 * a) @ V", "c = a @ Z"], turned
-    for stmts in (body, turned):
-        ns = dict(env)
-        for st in stmts:
-            exec(st.code, {}, ns)  # noqa: S102 (test-made statements)
-        assert np.allclose(ns["b"], 0.5 * (env["X"].T @ env["W"]).T @ env["V"])
-        assert np.allclose(ns["c"], (env["X"].T @ env["W"]).T @ env["Z"])
-    # a reader of the product as it is, an elementwise reader (its operands keep one layout), a
-    # returned product, or a batch that would leave the left side: the product stays as it is
-    plain = body + [Stmt("e", "e = a * 2.0", ("a",))]
-    elementwise = body + [Stmt("e", "e = a.mT + Z.mT", ("a", "Z"))]
-    assert transposed_reads(plain, set()) == plain and transposed_reads(elementwise, set()) == elementwise
-    assert transposed_reads(body, {"a"}) == body and transposed_reads(body, set(), {"X"}) == body
-
-
 HEADS = """dim n = 6, d = 16, k = 4
 const X : n x d, Y : n x d
 scalar s = k^(-1/2)

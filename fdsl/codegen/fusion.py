@@ -1,53 +1,406 @@
-"""Passes over the lowering's statements that do several of them as one, as autograd's kernels do.
+"""Passes over the generated sweep that do several of its ops as one, as autograd's kernels do.
 
 Vocabulary
 ----------
-statement   ``Stmt(target, code, uses)``: one line of the generated function, the variable it
-            assigns (a group assigns several: ``a, b = ...``) and the variables it reads.
-product     a statement that is one matrix product, ``v = L @ R``, or one summed over the batch
-            of the data, ``v = _matmul_total(L, R, _nb)`` (a weight's gradient); L and R are a
-            variable, its transpose ``x.mT``, or a scaled one in brackets.
-group       products that share an operand, done as one product: ``Z Q_0, ..., Z V_3`` as
-            ``Z [Q_0 ... V_3]`` (``_grouped``: the other operands side by side, the result split
-            back into views), ``A_1 G, A_2 G`` as ``[A_1; A_2] G`` (``_grouped_rows``), and the same
-            for products summed over the batch (``_grouped_total``, ``_grouped_total_rows``).
-sum of      an adjoint accumulated from products, ``G = A_1 R_1 + A_2 R_2 + ...`` (the heads'
-products    ``G_0 Q_0^t + G_1 Q_1^t + ...``), as the one product ``[A_1 ... A_k] [R_1; ...; R_k]``
-            (``_sum_of_products``).
+product     a ``matmul`` op, ``v = L @ R`` with L and R reads (as stored or transposed, scaled or
+            not), or one summed over the batch of the data (``total``: ``_matmul_total``, a
+            weight's gradient). A *plain* product is neither summed over the batch, nor a
+            product of two batches (``bmm``), nor scaled after it is made (``out_scale``).
+group       products that share an operand (the same read: value, transpose and scale), done as
+            one ``grouped`` op: ``Z Q_0, ..., Z V_3`` as ``Z [Q_0 ... V_3]`` (side ``cols``: the
+            other operands side by side, the result split back into views), ``A_1 G, A_2 G`` as
+            ``[A_1; A_2] G`` (side ``rows``), and the same for products summed over the batch
+            (``total``).
+sum of      a ``sum`` op, ``G = A_1 R_1 + A_2 R_2 + ...``, whose terms are products made for it
+products    alone (the heads' ``G_0 Q_0^t + G_1 Q_1^t + ...``), as the one product
+            ``[A_1 ... A_k] [R_1; ...; R_k]`` (``sum_of_products``).
+scaling     a read with a scale, ``(c * v)``: c is any tuple of scalars (a literal, a scalar given
+            with the data, a learned temperature, a dim), compared by equality, so that every
+            spelling of a scale fuses alike.
+moving      a pass moves an op only to where every value it reads is made and before anything
+            reads what it makes; a value updated in place (``add_into``) between the two places
+            keeps the op where it was.
 
-Each pass keeps the meaning of the function: a statement moves only to where every variable it
-reads has its value and before anything reads what it assigns; a variable updated in place
-(``G += ...``) between the two places keeps the statement where it was. The helpers named here
-are in the runtimes (``targets._NUMPY_HELPERS``, ``torch_runtime``).
+Every pass rewrites the sweep through its own indexes (``Sweep.maker``, ``Sweep.readers``, the
+positions computed once a round) and applies its changes together (``Sweep.rewrite``), so code
+generation stays linear in the sweep. ``kept``: the values read after the sweep (the returned
+gradients, the loss). ``folds``: the target folds a batch on the left of a product into one
+product (torch: ``(b, n, d) @ (d, k)`` is one ``mm``), so a pass keeps a batched operand
+(``Value.batched``) on the left. The helpers the writers spell for these kinds are in the
+runtimes (``targets._NUMPY_HELPERS``, ``torch_runtime``); how each kind is encoded: ``docs/ir.md``.
+
+``unlet`` and ``factored`` work on terms, before the lowering: they decide what is computed, not
+how the sweep does it.
 """
 
 from __future__ import annotations
 
-import re
-from typing import NamedTuple, Optional
+from collections import Counter
+from typing import Optional
 
 from ..core import terms as T
+from .ir import Op, Read, Sweep, Value, graph_rewrite
+
+# the ops of the prologue: what the sweep reads, made before it (an input, a dim, a constant)
+_PROLOGUE = frozenset({"input", "scalar_input", "dim", "const"})
 
 
-class Stmt(NamedTuple):
-    target: Optional[str]
-    code: str
-    uses: tuple  # the variables read, for deleting them after their last use
+def _plain(op: Op) -> bool:
+    """Whether ``op`` is a plain product (module doc)."""
+    return (op.kind == "matmul" and not op.attrs.get("total") and not op.attrs.get("bmm")
+            and not op.attrs.get("out_scale"))
 
 
-_OPERAND = r"(\([^()]*\)(?:\.mT)?|[\w.]+)"  # a variable (a view of one), a scaled one in brackets (or its view)
-_PRODUCT = re.compile(r"(\w+) = %s @ %s\Z" % (_OPERAND, _OPERAND))
-_TOTAL = re.compile(r"(\w+) = _matmul_total\(%s, %s, _nb\)\Z" % (_OPERAND, _OPERAND))
-_SUM_HEAD = re.compile(r"(\w+) = ([\w.]+) ([+-]) ([\w.]+)\Z")
-_SUM_MORE = re.compile(r"(\w+) ([+-])= ([\w.]+)\Z")
+def _with(op: Op, **attrs) -> Op:
+    """``op`` with ``attrs`` changed."""
+    return Op(op.kind, op.outs, op.args, **{**op.attrs, **attrs})
 
 
-def transposed(expr: str) -> str:
-    """The code of the transpose of the matrix ``expr`` (a variable, its ``.mT`` view, or a
-    bracketed expression)."""
-    if expr.endswith(".mT") and (expr[:-3].isidentifier() or re.fullmatch(r"\([^()]*\)", expr[:-3])):
-        return expr[:-3]
-    return expr + ".mT" if expr.isidentifier() or expr.startswith("(") and expr.endswith(")") else "(%s).mT" % expr
+def _updates(sweep: Sweep, pos: dict) -> dict:
+    """Value -> the positions of the ops that update it in place (``add_into``)."""
+    out: dict = {}
+    for op in sweep.ops:
+        victim = op.inplace()
+        if victim is not None:
+            out.setdefault(victim, []).append(pos[op])
+    return out
+
+
+def _unchanged(updates: dict, values, lo: int, hi: int) -> bool:
+    """No op at a position in [lo, hi) updates any of ``values`` in place."""
+    return not any(lo <= p < hi for v in values for p in updates.get(v, ()))
+
+
+def _views(pairs) -> int:
+    """The transposed views that the (left, right) operand pairs read."""
+    return sum(int(a.t) + int(b.t) for a, b in pairs)
+
+
+# ---- a gradient summed over the batch inside its product ------------------------------------------
+
+
+def summed_product(sweep: Sweep, v: Value) -> bool:
+    """Sum a gradient over the batch inside its product: ``G = A @ B``, read by nothing but the
+    return, becomes ``total`` (``_matmul_total(A, B, _nb)``), which for a batch is the one
+    product ``[A_1 ... A_b] [B_1; ...; B_b]`` (the examples side by side along the inner axis, as
+    autograd's weight gradients are) instead of b products and a sum. False: left as it is."""
+    op = sweep.maker.get(v)
+    if op is None or not _plain(op) or sweep.readers.get(v):
+        return False
+    # an attribute, not an operand, changes: the indexes hold as they are, and the lowering asks
+    # this of each gradient, so a rewrite (a pass over the sweep) each time would be quadratic
+    op.attrs["total"] = True
+    return True
+
+
+def summed_reduction(sweep: Sweep, v: Value) -> bool:
+    """Sum a gradient that is a sum along an axis (a bias's, a gain's: ``sum_axis``), read by
+    nothing but the return, over the batch in the same reduction (``total``: ``_sum_total(A, -1,
+    _nb)``), one reduction over the batch and the axis instead of two. Of an unscaled read only,
+    as before the IR (the generated code is pinned while the passes move to it). False: left as
+    it is."""
+    op = sweep.maker.get(v)
+    if op is None or op.kind != "sum_axis" or op.attrs.get("total") or sweep.readers.get(v) or op.args[0].scale:
+        return False
+    op.attrs["total"] = True  # as in summed_product
+    return True
+
+
+# ---- products that share an operand ---------------------------------------------------------------
+
+
+class _Footprint:
+    """The products of some groups, the values they make and the values they read."""
+
+    def __init__(self):
+        self.ops: set = set()
+        self.outs: set = set()
+        self.reads: set = set()
+
+    def add(self, members, reads: dict):
+        for m in members:
+            self.ops.add(m)
+            self.outs.add(m.out)
+            self.reads.update(reads[m])
+
+    def merge(self, other: "_Footprint"):
+        self.ops |= other.ops
+        self.outs |= other.outs
+        self.reads |= other.reads
+
+    def feeds(self, members) -> bool:
+        """Whether one of ``members`` is one of these products, or makes what they read."""
+        return any(m in self.ops or m.out in self.reads for m in members)
+
+    def touches(self, members, reads: dict) -> bool:
+        """``feeds``, or one of ``members`` reads what these products make."""
+        return self.feeds(members) or any(v in self.outs for m in members for v in reads[m])
+
+
+def group_products(sweep: Sweep, kept: set) -> None:
+    """Products that share an operand done as one (see the module doc), largest groups first,
+    until no two can be. ``kept`` is not needed: a group makes every value its members made.
+
+    A round finds the candidates once (products by shared read) and tries them largest first,
+    taking each group that places, as taking one at a time and looking again would: a group that
+    reads what a group of the round makes goes after it; one that shares a product with such a
+    group (it is left the others), or makes what one reads, waits for the next round, and so do
+    the groups that touch a waiting one, or a group that did not place where a group taken after
+    it touches it (it might place now). Where each group goes is the place just after the last
+    op that makes one of its operands, before the op there (``slots``: the groups put before
+    each op, in order), so a round is one rewrite and the rounds are few."""
+    while True:
+        pos = sweep.positions()
+        found: dict = {}  # (total, side, the shared read) -> the products, in order
+        for op in sweep.ops:
+            if op.kind == "matmul" and not op.attrs.get("bmm"):
+                total = bool(op.attrs.get("total"))
+                found.setdefault((total, "cols", op.args[0]), []).append(op)
+                found.setdefault((total, "rows", op.args[1]), []).append(op)
+        updates = _updates(sweep, pos)
+        taken, waiting, failed = _Footprint(), _Footprint(), _Footprint()
+        slots: dict = {}  # position -> the groups put before the op there, in order
+        made: dict = {}  # value -> (the position of the slot of the group that makes it, the group)
+        gone: dict = {}
+        for (total, side, shared), members in sorted(found.items(), key=lambda kv: -len(kv[1])):
+            if len(members) < 2:
+                break
+            reads = {m: m.values_read() for m in members}
+            if taken.feeds(members) or waiting.touches(members, reads):
+                waiting.add(members, reads)
+                continue
+            place = _place(sweep, pos, updates, slots, made, members, reads)
+            if place is None:
+                failed.add(members, reads)
+                continue
+            if failed.touches(members, reads):
+                # a group that did not place might now: what touches it waits for the next round
+                waiting.merge(failed)
+            others = [m.args[1] if side == "cols" else m.args[0] for m in members]
+            group = Op("grouped", [m.out for m in members], [shared] + others if side == "cols" else others + [shared],
+                       side=side, total=total)
+            at, i = place
+            slots.setdefault(at, []).insert(i, group)
+            made.update((m.out, (at, group)) for m in members)
+            gone.update((m, []) for m in members)
+            taken.add(members, reads)
+        if not gone:
+            return
+        sweep.rewrite(gone, before={sweep.ops[at]: groups for at, groups in slots.items()})
+
+
+def _place(sweep: Sweep, pos: dict, updates: dict, slots: dict, made: dict, members: list, reads: dict):
+    """(position, index in its slot) of the group of ``members``: just after the last op (or
+    group of the round) that makes one of their operands; None where it cannot go there."""
+    outs = {m.out for m in members}
+    if any(v in outs for m in members for v in reads[m]):
+        return None  # one member reads another's result: X (X W)^t beside X W
+    place = (0, 0)
+    for m in members:
+        for v in reads[m]:
+            if v in made:
+                at, group = made[v]
+                place = max(place, (at, slots[at].index(group) + 1))
+            elif v in sweep.maker:
+                place = max(place, (pos[sweep.maker[v]] + 1, 0))
+    ready = place[0]
+    end = len(sweep.ops)
+    for m in members:
+        if m.attrs.get("out_scale"):
+            # a group has no scale for one of its results: no group of it (before the IR, a
+            # product scaled after was two statements, and no group was made of two)
+            return None
+        if min((pos[r] for r in sweep.readers.get(m.out, ())), default=end) < ready:
+            return None  # read before the group could be made
+        if not _unchanged(updates, reads[m], min(pos[m], ready), max(pos[m], ready)):
+            return None  # an operand is updated in place between the two places
+    return place
+
+
+# ---- sums of products ------------------------------------------------------------------------------
+
+
+class _Round:
+    """What the rules of a pass read besides the op: the values kept, whether the target folds
+    batches, and the ops that update values in place, found once a round."""
+
+    def __init__(self, kept: set, folds: bool):
+        self.kept = kept
+        self.folds = folds
+        self._pos: Optional[dict] = None
+        self._updates: dict = {}
+
+    def updates(self, sweep: Sweep, pos: dict) -> dict:
+        if pos is not self._pos:
+            self._pos, self._updates = pos, _updates(sweep, pos)
+        return self._updates
+
+
+def group_sums(sweep: Sweep, kept: set, folds: bool) -> None:
+    """Every sum of two or more products made for it alone, with those products as one (see the
+    module doc); the sum's other terms stay as they were. ``folds``: keep a batch on the left."""
+    graph_rewrite(sweep, {"sum": [_sum_of_products]}, _Round(kept, folds))
+
+
+def _sum_of_products(sweep: Sweep, op: Op, pos: dict, ctx: _Round) -> Optional[dict]:
+    # the sums the passes fused before the IR: a first statement of two unscaled terms, the first
+    # added, then terms added or subtracted one by one, up to the first scaled one; a sum that
+    # starts negated or with three terms (a batched term added out of place) stays as it is
+    terms, signs = op.args, op.attrs["signs"]
+    if op.attrs.get("head") != 2 or signs[0] != 1 or terms[0].scale or terms[1].scale:
+        return None
+    end = next((k for k in range(2, len(terms)) if terms[k].scale), len(terms))
+    counts = Counter(zip(signs[:end], terms[:end]))
+    updates = ctx.updates(sweep, pos)
+    members = []  # (position in terms, its product, left, right, read transposed)
+    for k in range(end):
+        r = terms[k]
+        maker = sweep.maker.get(r.value)
+        if maker is None or not _plain(maker) or pos[maker] >= pos[op] or r.value in ctx.kept:
+            continue
+        if any(user is not op for user in sweep.readers.get(r.value, ())) or counts[signs[k], r] > 1:
+            continue
+        if r.shape is not None and op.out.shape is not None and r.shape != op.out.shape:
+            continue  # a row added to every row (broadcast): not a part of the one product
+        if not _unchanged(updates, maker.values_read(), pos[maker], pos[op]):
+            continue
+        left, right = maker.args
+        if signs[k] < 0:  # a subtracted product, - L R = (-L) R: one negation, not a product and a sum
+            left = left._replace(scale=(-1.0,) + left.scale)
+        members.append((k, maker, left, right, r.t))
+    if len(members) < 2:
+        return None
+    # the products as they were computed (the orientation most of them are read in), the others
+    # transposed, (L R)^t = R^t L^t: a product the lowering computed transposed stays so
+    flip = sum(m[4] for m in members) * 2 > len(members)
+    pairs = [(left, right) if t == flip else (right.T(), left.T()) for _, _, left, right, t in members]
+    # or all of them transposed, read without a view, where that needs fewer transposed views:
+    # sum_i (A_i^t B_i^t)^t as sum_i B_i A_i (each view is a dispatched call, and the concatenation
+    # copies it); a batch stays on the left, where torch folds it into one product
+    turned = [(right.T(), left.T()) for left, right in pairs]
+    if _views(turned) + flip < _views(pairs) + (not flip) and not (
+            ctx.folds and any(a.value.batched for a, _ in pairs) and not any(a.value.batched for a, _ in turned)):
+        pairs, flip = turned, not flip
+    out = op.out
+    s = Value(shape=None if out.shape is None else out.t_shape(flip), batched=out.batched, heads=out.heads,
+              hint=out, suffix="_sp")
+    product = Op("sum_of_products", [s], [a for a, _ in pairs] + [b for _, b in pairs], n=len(pairs))
+    first, dropped = members[0][0], {m[0] for m in members[1:]}
+    remaining = [(Read(s, flip), 1) if k == first else (terms[k], signs[k])
+                 for k in range(len(terms)) if k not in dropped]
+    rest = Op("sum", op.outs, [t for t, _ in remaining], **{**op.attrs, "signs": tuple(sign for _, sign in remaining),
+                                                              "head": min(2, len(remaining))})
+    return {op: [product, rest], **{m[1]: [] for m in members}}
+
+
+# ---- products read transposed --------------------------------------------------------------------
+
+
+def transposed_reads(sweep: Sweep, kept: set, folds: bool) -> None:
+    """A plain product every reader of which is a product that reads it transposed (``v^t``,
+    ``(c * v)^t``, whatever the scale c) computed transposed, ``v = L @ R`` as ``v = R^t @ L^t``,
+    where that takes fewer transposed views: the attention's score adjoints, which the weights'
+    gradients and the adjoint below both read as their transposes. Not where another op reads it
+    (an elementwise operator's operands keep one layout: a kernel on a transposed and a plain
+    operand is many times slower), nor where a batch would leave the left side (``folds``), nor
+    a value in ``kept``. One walk in order: a product is looked at as the turns of the products
+    before it left it (its reads of them turned too)."""
+    now: dict = {}  # op -> the op that replaces it, so far
+
+    for op in sweep.ops:
+        cur = now.get(op, op)
+        v = cur.out
+        if not _plain(cur) or v in kept:
+            continue
+        readers = list(sweep.readers.get(v, ()))
+        saved = 0
+        for r in readers:
+            reader = now.get(r, r)
+            reads = [a for a in reader.args if isinstance(a, Read) and a.value is v]
+            if reader.kind != "matmul" or reader.attrs.get("bmm") or not reads or not all(a.t for a in reads):
+                break
+            saved += len(reads)
+        else:
+            left, right = cur.args
+            turned = (right.T(), left.T())
+            if not readers or folds and left.value.batched and not turned[0].value.batched:
+                continue
+            if _views([turned]) - _views([(left, right)]) >= saved:
+                continue
+            now[op] = Op(cur.kind, cur.outs, turned, **cur.attrs)
+            # v holds its transpose now: its shape as stored turns with it (every reader is
+            # rewritten below, and v is not kept, so nothing reads the old layout)
+            v.shape = v.t_shape(True)
+            for r in readers:
+                reader = now.get(r, r)
+                now[r] = Op(reader.kind, reader.outs, [a._replace(t=False) if isinstance(a, Read) and a.value is v
+                                                       else a for a in reader.args], **reader.attrs)
+    if now:
+        sweep.rewrite({op: [new] for op, new in now.items()})
+
+
+# ---- a value read with the same scale by several ops ---------------------------------------------
+
+
+def shared_scalings(sweep: Sweep, kept: set) -> None:
+    """A value read with the same scale two or more times, ``(c * v)`` (as stored or transposed;
+    c any tuple of scalars: a literal, a scalar given with the data, a learned temperature),
+    scaled once: a ``scale`` op ``v_s = c * v`` just before the first reader, and the readers read
+    ``v_s`` (transposed where they read ``v`` so). The products of an attention's backward read
+    the scaled scores both in a weight's gradient and in the adjoint of the layer below. Only
+    of a value the sweep computes (as the text pass: an input stays scaled where it is read), and
+    not counting a ``scale`` op's own read. ``kept`` is not needed: every value stays."""
+    seen: dict = {}  # (scale, value) -> the ops that read it so, once per read, in order
+    for op in sweep.ops:
+        if op.kind == "scale":
+            continue
+        for a in op.args:
+            if isinstance(a, Read) and a.scale:
+                seen.setdefault((a.scale, a.value), []).append(op)
+    names: dict = {}  # (scale, value) -> the value scaled once
+    before: dict = {}
+    for (scale, v), ops in seen.items():
+        maker = sweep.maker.get(v)
+        if len(ops) < 2 or maker is None or maker.kind in _PROLOGUE:
+            continue
+        s = names[scale, v] = Value(shape=v.shape, batched=v.batched, heads=v.heads, scalar=v.scalar, hint=v,
+                                    suffix="_s")
+        before.setdefault(ops[0], []).append(Op("scale", [s], [Read(v, False, scale)]))
+    if not names:
+        return
+    mapping: dict = {}
+    for key in names:
+        for op in seen[key]:
+            if op not in mapping:
+                mapping[op] = [Op(op.kind, op.outs, [_scaled_once(a, names) for a in op.args], **op.attrs)]
+    sweep.rewrite(mapping, before=before)
+
+
+def _scaled_once(a, names: dict):
+    if isinstance(a, Read) and (a.scale, a.value) in names:
+        return Read(names[a.scale, a.value], a.t)
+    return a
+
+
+# ---- products of two batches -----------------------------------------------------------------------
+
+
+def batched_products(sweep: Sweep, kept: set) -> None:
+    """A product of two values computed from the data (``Value.batched``; a scale, a number, is
+    not a batch) as ``bmm``: torch's ``bmm`` when both are batches at run time (``@`` on two
+    batches expands, reshapes and views around its bmm, five dispatched calls for one), else
+    ``@``. ``kept`` is not needed."""
+    graph_rewrite(sweep, {"matmul": [_bmm]})
+
+
+def _bmm(sweep: Sweep, op: Op, pos: dict, ctx) -> Optional[dict]:
+    left, right = op.args
+    if op.attrs.get("total") or op.attrs.get("bmm") or not (left.value.batched and right.value.batched):
+        return None
+    return {op: [_with(op, bmm=True)]}
+
+
+# ---- terms before the lowering ---------------------------------------------------------------------
 
 
 def unlet(order: list) -> dict:
@@ -119,512 +472,3 @@ def _factor_sum(s, sums: dict, products: dict):
             kept = [x for x in s.args if not any(x is m for m in members)]
             return T.add(*kept, product) if kept else product
     return s
-
-
-def targets(st) -> tuple:
-    """The variables a statement assigns: its target, or every one of a group's (``a, b = ...``)."""
-    head = st.code.split(" = ", 1)[0]
-    if ", " in head and re.fullmatch(r"\w+(, \w+)+", head):
-        return tuple(head.split(", "))
-    return (st.target,)
-
-
-def product_parts(code: str):
-    """(target, "mm" or "total", left, right) of a statement that is one matrix product (summed
-    over the batch: "total"), else None."""
-    m = _PRODUCT.match(code)
-    if m is not None:
-        return m.group(1), "mm", m.group(2), m.group(3)
-    m = _TOTAL.match(code)
-    if m is not None:
-        return m.group(1), "total", m.group(2), m.group(3)
-    return None
-
-
-def index(body):
-    """(variable -> the statements that assign it, variable -> the statements that read it)."""
-    writes: dict = {}
-    reads: dict = {}
-    for i, st in enumerate(body):
-        for target in targets(st):
-            writes.setdefault(target, []).append(i)
-        for u in st.uses:
-            reads.setdefault(u, []).append(i)
-    return writes, reads
-
-
-def _unchanged(writes, names, lo, hi, own=()) -> bool:
-    """No statement in [lo, hi) but those of ``own`` assigns any of ``names``."""
-    return not any(lo <= w < hi and w not in own for u in names for w in writes.get(u, ()))
-
-
-# ---- a gradient summed over the batch inside its product ------------------------------------------
-
-
-def summed_product(body: list, var: str) -> bool:
-    """Sum a gradient over the batch inside its last product: ``G = A @ B``, read by nothing but
-    the return, becomes ``_matmul_total(A, B, _nb)``, which for a batch is the one product
-    ``[A_1 ... A_b] [B_1; ...; B_b]`` (the examples side by side along the inner axis, as
-    autograd's weight gradients are) instead of b products and a sum. False: left as it is."""
-    defining = [i for i, st in enumerate(body) if st.target == var]
-    if len(defining) != 1 or any(var in st.uses for st in body if st.target != var):
-        return False
-    i = defining[0]
-    parts = product_parts(body[i].code)
-    if parts is None or parts[1] != "mm":
-        return False
-    body[i] = body[i]._replace(code="%s = _matmul_total(%s, %s, _nb)" % (var, parts[2], parts[3]))
-    return True
-
-
-_REDUCTION = re.compile(r"(\w+) = ([\w.]+)\.sum\((dim|axis)=(-[12]), (keepdims?)=True\)((?:\.mT)?)\Z")
-
-
-def summed_reduction(body: list, var: str) -> bool:
-    """Sum a gradient that is a sum along an axis (a bias's, a gain's: ``G = A.sum(dim=-1,
-    keepdim=True)``), read by nothing but the return, over the batch in the same reduction:
-    ``_sum_total(A, -1, _nb)``, one reduction over the batch and the axis instead of two. False:
-    left as it is."""
-    defining = [i for i, st in enumerate(body) if var in targets(st)]
-    if len(defining) != 1 or any(var in st.uses for st in body if var not in targets(st)):
-        return False
-    i = defining[0]
-    m = _REDUCTION.match(body[i].code)
-    if m is None or m.group(1) != var:
-        return False
-    body[i] = body[i]._replace(code="%s = _sum_total(%s, %s, _nb)%s" % (var, m.group(2), m.group(4), m.group(6)))
-    return True
-
-
-# ---- products that share an operand ---------------------------------------------------------------
-
-
-def group_products(body: list) -> list:
-    """Products that share an operand done as one (see the module doc), largest groups first, one
-    at a time, until no two can be."""
-    while True:
-        found: dict = {}
-        for i, st in enumerate(body):
-            got = product_parts(st.code)
-            if got is not None and got[0] == st.target:
-                _, kind, lhs, rhs = got
-                found.setdefault((kind, "cols", lhs), []).append(i)
-                found.setdefault((kind, "rows", rhs), []).append(i)
-        for (kind, side, shared), members in sorted(found.items(), key=lambda kv: -len(kv[1])):
-            if len(members) < 2:
-                return body
-            grouped = _place_group(body, kind, side, shared, members)
-            if grouped is not None:
-                body = grouped
-                break
-        else:
-            return body
-
-
-def _place_group(body, kind, side, shared, members) -> Optional[list]:
-    writes, reads = index(body)
-    uses = {i: [u for u in body[i].uses if u not in targets(body[i])] for i in members}
-    if {body[i].target for i in members} & {u for i in members for u in uses[i]}:
-        return None  # one member reads another's result: X (X W)^t beside X W
-    ready = max((w for i in members for u in uses[i] for w in writes.get(u, ()) if w < i), default=-1) + 1
-    for i in members:
-        var = body[i].target
-        if len(writes[var]) != 1:
-            return None
-        first_read = min((r for r in reads.get(var, ()) if r > i), default=len(body))
-        if first_read < ready:
-            return None
-        if not _unchanged(writes, uses[i], min(i, ready), max(i, ready), (i,)):
-            return None  # an operand is updated in place between the two places
-    parts = [product_parts(body[i].code) for i in members]
-    others = [p[3] if side == "cols" else p[2] for p in parts]
-    names = [p[0] for p in parts]
-    helper = {("mm", "cols"): "_grouped", ("mm", "rows"): "_grouped_rows",
-              ("total", "cols"): "_grouped_total", ("total", "rows"): "_grouped_total_rows"}[kind, side]
-    listed = "(%s,)" % ", ".join(others)
-    args = (shared, listed) if side == "cols" else (listed, shared)
-    code = "%s = %s(%s, %s%s)" % (", ".join(names), helper, args[0], args[1], ", _nb" if kind == "total" else "")
-    group = Stmt(names[0], code, tuple(dict.fromkeys(u for i in members for u in uses[i])))
-    keep = [st for i, st in enumerate(body) if i not in set(members)]
-    at = ready - sum(1 for i in members if i < ready)
-    return keep[:at] + [group] + keep[at:]
-
-
-# ---- sums of products ------------------------------------------------------------------------------
-
-
-def group_sums(body: list, batched: Optional[set] = None) -> list:
-    """Every sum accumulated from two or more products, ``G = a + b; G += c; ...`` whose summands
-    are variables that products made for it alone, with those products as one (see the module
-    doc). The sum's other summands stay as they were. ``batched``: the variables that may carry a
-    batch axis, for a target that folds a batch on the left of a product into one (torch)."""
-    i = 0
-    while i < len(body):
-        grouped = _sum_at(body, i, batched)
-        if grouped is not None:
-            body = grouped
-        i += 1
-    return body
-
-
-def _sum_at(body, head, batched=None) -> Optional[list]:
-    m = _SUM_HEAD.match(body[head].code)
-    if m is None or m.group(1) != body[head].target:
-        return None
-    var = m.group(1)
-    terms = [("+", m.group(2)), (m.group(3), m.group(4))]
-    end = head + 1
-    while end < len(body):
-        more = _SUM_MORE.match(body[end].code)
-        if more is None or more.group(1) != var:
-            break
-        terms.append((more.group(2), more.group(3)))
-        end += 1
-    writes, reads = index(body)
-    members = []  # (position in terms, the statement of its product, left, right)
-    for k, (sign, expr) in enumerate(terms):
-        name = expr[:-3] if expr.endswith(".mT") else expr
-        if not name.isidentifier() or len(writes.get(name, ())) != 1:
-            continue
-        i = writes[name][0]
-        parts = product_parts(body[i].code)
-        if parts is None or parts[1] != "mm" or i >= head or any(not head <= r < end for r in reads.get(name, ())):
-            continue
-        if terms.count((sign, expr)) > 1:
-            continue
-        lhs, rhs = parts[2], parts[3]
-        operands = [u for u in body[i].uses if u != name]
-        if not _unchanged(writes, operands, i, head, (i,)):
-            continue
-        if sign == "-":  # a subtracted product, - L R = (-L) R: one negation, not a product and a sum
-            lhs = "(-%s)" % lhs
-        members.append((k, i, lhs, rhs, expr.endswith(".mT")))
-    if len(members) < 2:
-        return None
-    # the products as they were computed (the orientation most of them are read in), the others
-    # transposed, (L R)^t = R^t L^t: a product the lowering computed transposed stays so
-    flip = sum(m[4] for m in members) * 2 > len(members)
-    members = [(k, i, lhs, rhs) if f == flip else (k, i, transposed(rhs), transposed(lhs))
-               for k, i, lhs, rhs, f in members]
-    # or all of them transposed, read without a view, where that needs fewer transposed views:
-    # sum_i (A_i^t B_i^t)^t as sum_i B_i A_i (each .mT is a dispatched call, and cat copies it)
-    # (a batch stays on the left, where torch folds it into one product: (B n, k) @ (k, d))
-    turned = [(k, i, transposed(rhs), transposed(lhs)) for k, i, lhs, rhs in members]
-    if _views(turned) + flip < _views(members) + (not flip) and not (
-            batched is not None and _reads(members, 2, batched) and not _reads(turned, 2, batched)):
-        members, flip = turned, not flip
-    first = members[0][0]
-    s, taken = var + "_sp", {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
-    while s in taken:
-        s += "_"
-    product = Stmt(s, "%s = _sum_of_products((%s,), (%s,))" % (s, ", ".join(m[2] for m in members),
-                                                                  ", ".join(m[3] for m in members)),
-                   tuple(dict.fromkeys(u for m in members for u in body[m[1]].uses if u != body[m[1]].target)))
-    dropped = {m[0] for m in members[1:]}
-    kept = [("+", s + ".mT" if flip else s) if k == first else (sign, expr) for k, (sign, expr) in enumerate(terms)
-            if k not in dropped]
-    chain = []
-    if len(kept) == 1:
-        chain.append(Stmt(var, "%s = %s" % (var, kept[0][1]), (s,)))
-    else:
-        (_, a), (sign_b, b) = kept[0], kept[1]
-        chain.append(Stmt(var, "%s = %s %s %s" % (var, a, sign_b, b), _names(a, b)))
-        chain += [Stmt(var, "%s %s= %s" % (var, sign, x), (var,) + _names(x)) for sign, x in kept[2:]]
-    gone = {m[1] for m in members}
-    before = [st for i, st in enumerate(body[:head]) if i not in gone]
-    return before + [product] + chain + body[end:]
-
-
-def _reads(members, side: int, variables: set) -> bool:
-    """Whether an operand on ``side`` (2: left, 3: right) of a member reads one of ``variables``."""
-    return any(set(re.findall(r"[A-Za-z_]\w*", m[side])) & variables for m in members)
-
-
-def _views(members) -> int:
-    """The transposed views that the operands of a sum of products read."""
-    return sum(side.count(".mT") for m in members for side in m[2:])
-
-
-def _names(*exprs) -> tuple:
-    return tuple(e[:-3] if e.endswith(".mT") else e for e in exprs)
-
-
-# ---- products read transposed --------------------------------------------------------------------
-
-
-def transposed_reads(body: list, kept: set, batched: Optional[set] = None) -> list:
-    """A product every reader of which is a product that reads it transposed (``v.mT``,
-    ``(c * v).mT``) computed transposed, ``v = L @ R`` as ``v = R^t @ L^t``, where that takes
-    fewer transposed views: the attention's score adjoints, which the weights' gradients and the
-    adjoint below both read as their transposes. Not where an elementwise operator reads it (its
-    operands keep one layout: a kernel on a transposed and a plain operand is many times slower),
-    nor where a batch would leave the left side (``batched``: the variables that may carry one,
-    for a target that folds a batch on the left into one product). ``kept``: variables read
-    outside the body (the results), left as they are."""
-    writes, reads = index(body)
-    out = list(body)
-    for i in range(len(out)):
-        st = out[i]  # as an earlier turn left it
-        parts = product_parts(st.code)
-        if parts is None or parts[1] != "mm" or parts[0] != st.target:
-            continue
-        v = st.target
-        if v in kept or len(writes.get(v, ())) != 1:
-            continue
-        word = re.compile(r"(?<![\w.])%s(?!\w)" % re.escape(v))
-        flipped = re.compile(r"(?<![\w.])%s\.mT|\((\d[\w.+-]*) \* %s\)\.mT" % (re.escape(v), re.escape(v)))
-        readers = [j for j in reads.get(v, ()) if j != i]
-        if not readers or any(product_parts(out[j].code) is None or len(word.findall(out[j].code))
-                              != len(flipped.findall(out[j].code)) for j in readers):
-            continue
-        left, right = transposed(parts[3]), transposed(parts[2])
-        if batched is not None and _reads([parts], 2, batched) and not _reads([(0, 0, left, right)], 2, batched):
-            continue
-        saved = sum(len(flipped.findall(out[j].code)) for j in readers)
-        if (left + right).count(".mT") - (parts[2] + parts[3]).count(".mT") >= saved:
-            continue
-        out[i] = st._replace(code="%s = %s @ %s" % (v, left, right))
-        for j in readers:
-            out[j] = out[j]._replace(code=flipped.sub(lambda m: v if m.group(1) is None else "(%s * %s)"
-                                                     % (m.group(1), v), out[j].code))
-    return out
-
-
-# ---- a variable scaled by a number in several statements ------------------------------------------
-
-
-_SCALED = re.compile(r"\((\d[\w.+-]*) \* (\w+)(\.mT)?\)(\.mT)?")
-
-
-def shared_scalings(body: list) -> list:
-    """A variable scaled by the same number in two or more statements, ``(c * v)`` (or a view of
-    it, ``(c * v.mT)``, ``(c * v).mT``), scaled once: ``v_s = c * v`` before the first of them,
-    which read ``v_s`` (or ``v_s.mT``). The products of an attention's backward read the scaled
-    scores both in a weight's gradient and in the adjoint of the layer below."""
-    writes, _ = index(body)
-    seen: dict = {}  # (number, variable) -> the statements that scale it
-    for i, st in enumerate(body):
-        for m in _SCALED.finditer(st.code):
-            seen.setdefault((m.group(1), m.group(2)), []).append(i)
-    shared = {key: at for key, at in seen.items() if len(at) >= 2 and len(writes.get(key[1], ())) == 1
-              and writes[key[1]][0] < at[0]}
-    if not shared:
-        return body
-    taken = {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
-    names: dict = {}
-    for c, v in shared:
-        name = v + "_s"
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        names[(c, v)] = name
-
-    def replace(m):
-        name = names.get((m.group(1), m.group(2)))
-        if name is None:
-            return m.group(0)
-        return name + (".mT" if bool(m.group(3)) != bool(m.group(4)) else "")
-
-    out = []
-    for i, st in enumerate(body):
-        for key in [k for k, at in shared.items() if min(at) == i]:
-            out.append(Stmt(names[key], "%s = %s * %s" % (names[key], key[0], key[1]), (key[1],)))
-        code = _SCALED.sub(replace, st.code)
-        if code != st.code:
-            st = st._replace(code=code, uses=tuple(dict.fromkeys(st.uses + tuple(
-                names[(m.group(1), m.group(2))] for m in _SCALED.finditer(st.code)
-                if (m.group(1), m.group(2)) in names))))
-        out.append(st)
-    return out
-
-
-# ---- products of two batches -----------------------------------------------------------------------
-
-
-def batched_products(body: list, batched: set) -> list:
-    """``v = L @ R`` with both sides computed from the data (``batched``: their variables) as
-    ``_bmm(L, R)``: torch's ``bmm`` when both are batches at run time (``@`` on two batches
-    expands, reshapes and views around its bmm, five dispatched calls for one), else ``@``."""
-    out = []
-    for st in body:
-        parts = product_parts(st.code)
-        if parts is not None and parts[1] == "mm" and all(
-                set(re.findall(r"[A-Za-z_]\w*", side)) - {"mT"} <= batched for side in parts[2:]):
-            st = st._replace(code="%s = _bmm(%s, %s)" % (parts[0], parts[2], parts[3]))
-        out.append(st)
-    return out
-
-
-# ---- the heads of an attention as one stacked computation ------------------------------------------
-
-# what a statement of a stacked chain may call besides its variables: operators on the last two
-# axes, which act on each matrix of a stack (a head axis before them) alike
-_STACKABLE = {"_bmm", "_softmax", "_aa_given", "mT"}
-_WORD = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
-
-
-def _template(st) -> Optional[tuple]:
-    """(the code with its variables as {0}, {1}, ... in order of appearance, those variables), or
-    None for a statement that is not one of a chain that can be stacked."""
-    if len(targets(st)) != 1 or st.target is None:
-        return None
-    names = set(st.uses) | {st.target}
-    order: list = []
-    parts, at = [], 0
-    for m in _WORD.finditer(st.code):
-        word = m.group(0)
-        if word not in names:
-            if word not in _STACKABLE:
-                return None
-            continue
-        if word not in order:
-            order.append(word)
-        parts += [st.code[at:m.start()].replace("{", "{{").replace("}", "}}"), "{%d}" % order.index(word)]
-        at = m.end()
-    parts.append(st.code[at:].replace("{", "{{").replace("}", "}}"))
-    return "".join(parts), tuple(order)
-
-
-def stacked_heads(body: list, batched: set, shapes: dict, kept: set) -> list:
-    """Runs of h alike chains of statements, one after the other (the heads of an attention, each
-    ``scores = _bmm((s * q), k.mT); ... ; out = _bmm(p, v)`` on its own slices of the grouped
-    Q, K, V product), done as one chain on stacks of h matrices: the per-head operands stacked
-    along a head axis before the last two (``torch.stack(..., -3)``, or a stack made before: the
-    forward's probabilities, read again by the backward), one statement for each statement of a
-    chain, and the results read after it as views of the stack (``unbind(-3)``). So the 4 heads'
-    products are one batched product each, as autograd's multi-head attention does them.
-    ``batched``: the variables that may carry a batch axis; ``shapes``: variable -> its shape
-    (stacked operands must agree in shape and batch); ``kept``: variables read after the body."""
-    temps = [_template(st) for st in body]
-    writes, reads = index(body)
-    stacks: dict = {}  # tuple of variables -> (the stack of them, as a variable), for reuse
-    taken = {t for st in body for t in targets(st)} | {u for st in body for u in st.uses}
-    out: list = []
-    i = 0
-    while i < len(body):
-        best = None
-        for length in range(1, 13):
-            if i + 2 * length > len(body) or any(t is None for t in temps[i:i + length]):
-                break
-            h = 1
-            while i + (h + 1) * length <= len(body) and all(
-                    temps[i + h * length + p] is not None and temps[i + h * length + p][0] == temps[i + p][0]
-                    for p in range(length)):
-                h += 1
-            if h >= 2 and (best is None or h * length > best[0] * best[1]) and any(
-                    "_bmm(" in t[0] or " @ " in t[0] for t in temps[i:i + length]):  # a product to batch
-                plan = _stack_plan(body, temps, i, length, h, writes, reads, batched, shapes, kept, stacks)
-                if plan is not None:
-                    best = (h, length, plan)
-        if best is None:
-            out.append(body[i])
-            i += 1
-            continue
-        h, length, (order, slots, results) = best
-        names: dict = {}  # tuple of variables -> the variable of their stack
-
-        def fresh(base):
-            name = base + "_h"
-            while name in taken:
-                name += "_"
-            taken.add(name)
-            return name
-
-        for kind, tup in (slot for stmt_slots in slots for slot in stmt_slots):
-            if kind == "shared" or tup in names:
-                continue
-            if kind == "outer":
-                if tup in stacks:
-                    names[tup] = stacks[tup]
-                    continue
-                names[tup] = fresh(tup[0])
-                out.append(Stmt(names[tup], "%s = torch.stack((%s,), -3)" % (names[tup], ", ".join(tup)), tup))
-                if all(len(writes.get(v, ())) == 1 for v in tup):
-                    stacks[tup] = names[tup]
-            else:
-                names[tup] = fresh(tup[0])
-        for p in range(length):
-            template, _ = temps[i + order[0] * length + p]
-            # a shared operand with a batch axis gets a head axis of 1 before its matrices, so that
-            # it broadcasts against the stacks (batch, heads, rows, cols), not the batch against the heads
-            args = [(tup[0] + ".unsqueeze(-3)" if tup[0] in batched else tup[0]) if kind == "shared" else names[tup]
-                    for kind, tup in slots[p]]
-            target = body[i + order[0] * length + p].target
-            at = temps[i + order[0] * length + p][1].index(target)
-            out.append(Stmt(args[at], template.format(*args),
-                            tuple(dict.fromkeys(a.split(".")[0] for a in args))))
-        for tup in results:
-            out.append(Stmt(tup[0], "%s = %s.unbind(-3)" % (", ".join(tup), names[tup]), (names[tup],)))
-            stacks[tup] = names[tup]
-        i += h * length
-    # views of a stack that nothing reads now (a later run read the stack itself) are not made
-    read = {u for st in out for u in st.uses} | set(kept)
-    return [st for st in out if not (st.code.endswith(".unbind(-3)") and not read & set(targets(st)))]
-
-
-def _stack_plan(body, temps, i, length, h, writes, reads, batched, shapes, kept, stacks) -> Optional[tuple]:
-    """(the order of the heads, each statement's slots as ("shared", (v,)), ("outer", one variable
-    per head: stacked before), ("inner", one per head: made in the chains), the inner tuples read
-    after the run) for the run of ``h`` chains of ``length`` statements from ``i``; None where the
-    chains are not alike (a variable of one head read by another, a per-head operand made or
-    updated within the run, operands of different shapes or batching)."""
-    end = i + h * length
-    inner: list = []  # per head: variable -> position of the statement that first assigns it
-    for j in range(h):
-        defs: dict = {}
-        for p in range(length):
-            st = body[i + j * length + p]
-            if st.target not in defs and not st.code.startswith(st.target + " = "):
-                return None  # updates in place a value made before the run
-            defs.setdefault(st.target, p)
-        inner.append(defs)
-    slots = []
-    for p in range(length):
-        per = [temps[i + j * length + p][1] for j in range(h)]
-        if len({len(vs) for vs in per}) != 1:
-            return None
-        row = []
-        for s in range(len(per[0])):
-            tup = tuple(per[j][s] for j in range(h))
-            where = [inner[j].get(v) for j, v in enumerate(tup)]
-            if all(w is not None for w in where):
-                if len(set(where)) != 1 or where[0] > p or len(set(tup)) != h:
-                    return None
-                row.append(("inner", tup))
-            elif any(w is not None for w in where):
-                return None
-            elif len(set(tup)) == 1:
-                if any(i <= w < end for w in writes.get(tup[0], ())):
-                    return None
-                row.append(("shared", tup[:1]))
-            else:
-                if len(set(tup)) != h or any(i <= w < end for v in tup for w in writes.get(v, ())):
-                    return None
-                if len({v in batched for v in tup}) != 1 or len({shapes.get(v) for v in tup}) != 1 \
-                        or shapes.get(tup[0]) is None:
-                    return None
-                row.append(("outer", tup))
-        slots.append(row)
-    # the heads in the order of a stack made before, where one of the operands has one
-    order = list(range(h))
-    for row in slots:
-        for kind, tup in row:
-            if kind == "outer" and tup not in stacks:
-                for made in stacks:
-                    if set(made) == set(tup):
-                        order = [tup.index(v) for v in made]
-                        break
-                else:
-                    continue
-                break
-        else:
-            continue
-        break
-    slots = [[(kind, tup if kind == "shared" else tuple(tup[j] for j in order)) for kind, tup in row] for row in slots]
-    results = []
-    for row in slots:
-        for kind, tup in row:
-            if kind == "inner" and tup not in results and any(
-                    v in kept or any(r >= end for r in reads.get(v, ())) for v in tup):
-                results.append(tup)
-    return order, slots, results
