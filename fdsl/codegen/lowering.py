@@ -85,7 +85,6 @@ from .writer import ModuleWriter, Writer
 
 # the IR is checked after every pass where this is set, or FDSL_CHECK_IR=1 (the tests set it)
 check_passes = False
-passes_on = False  # (while the passes are ported to the IR)
 
 #: size assumed for a dim without one when choosing the order of products
 _GUESSED_SIZE = 64
@@ -384,7 +383,7 @@ class Lowering(Products, ModuleWriter):
                 # never hand out a constant, the caller's own array, or one array as two results
                 results[name] = ("copy", ref, False)
             else:
-                summed = passes_on and bool(self.batched) and any(
+                summed = bool(self.batched) and any(
                     f(self.sweep, ref.var) for f in (summed_product, summed_reduction))
                 results[name] = ("plain", ref, summed)
                 handed_out.add(ref.var)
@@ -397,8 +396,6 @@ class Lowering(Products, ModuleWriter):
     def run_passes(self, returned: set, loss: set) -> None:
         """The passes over the sweep (see the module doc), each a structural rewrite of the IR;
         with ``check_passes`` set (the tests set it), the IR is checked after every one."""
-        if not passes_on:
-            return
         folds = self.target.folds_batches
         given = self.given()
         steps = [

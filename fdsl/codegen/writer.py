@@ -324,6 +324,8 @@ class ModuleWriter:
                 continue
             first.value.name = op.out.name
             self.writer.coalesced.add(op)
+            if op.out in self._comments:  # the binding's comment goes where its array is made
+                self._comments.setdefault(first.value, self._comments.pop(op.out))
 
     def function_body(self, results, loss=None, name="grads") -> list:
         """The lines of the sweep's body (the function ``name``): dtype, inputs, dims, constants,
