@@ -128,15 +128,12 @@ class Program(Elaborator):
 
     def diagram(self, expr: str, **options):
         """The picture of an expression of this program (inline in a notebook; see ``fdsl.diagram``)."""
-        from ..api import diagram
-
-        return diagram(self.expr(expr), title=options.pop("title", expr), **options)
+        return assembly.picture("diagram")(self.expr(expr), title=options.pop("title", expr), **options)
 
     def deps(self, form: str, weight: str, coeff: str):
-        """The picture of "does the coefficient of d(coeff) in the form involve weight?"."""
-        from ..api import deps
-
-        return deps(self.normal_form(as_term(self.expr(form), "the form")), self.expr(weight), self.expr(coeff))
+        """The picture of "does the coefficient of d(coeff) in the form involve weight?" (``fdsl.deps``)."""
+        draw = assembly.picture("deps")
+        return draw(self.normal_form(as_term(self.expr(form), "the form")), self.expr(weight), self.expr(coeff))
 
     def normal_form(self, w: Term) -> Term:
         """``w`` as a normal form over weights, ``sum_W trace(G_W d(W))``: as it is when it already
