@@ -12,9 +12,9 @@ in closed form, as a word one can read, query, draw and evaluate.
 
 The house, floor by floor from the ground (a module imports only its own folder or floors below):
 ``base`` (errors, numbers, untrusted inputs, safe files, limits), ``core`` (the operator table,
-hash-consed terms, sharing, printers, reading a normal form), ``rewrite`` (patterns and the
-engine) beside ``calculus`` (the manual's verbs, backprop, the symbolic gradients), ``lang``
-(grammar, rule files, statements, programs), ``numbers`` (numpy evaluation, values) beside
+hash-consed terms, sharing, printers, reading a normal form), ``rewrite`` (patterns and the engine)
+beside ``calculus`` (the manual's verbs, backprop, the symbolic gradients), ``lang`` (grammar,
+elaboration, rule files, statements, programs), ``numbers`` (numpy evaluation, values) beside
 ``pictures`` (Graphviz), ``codegen`` (the statement IR, its passes and writers, numpy and torch),
 ``learn`` (metrics, flows, training), ``verify`` (rules --check, the torch oracle, differential
 checks, the fuzzer), and the faces: ``cli``, ``repl``, ``api`` and the composition root ``compose``.

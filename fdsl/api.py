@@ -18,7 +18,6 @@ picture      ``diagram(E)`` (also ``E.diagram()``) and ``deps(w, V, W)`` return 
 
 from __future__ import annotations
 
-from .base.errors import FdslError
 from .core import terms as T
 from .core.functions import as_term
 from .core.terms import Term, _checked
@@ -70,21 +69,14 @@ def form(e) -> Term:
 def diagram(value, expand="auto", split_leaves: bool = False, title=None, max_nodes=None, max_edges=None):
     """The picture of a term (inline in a notebook; ``.save("e.svg")``). Named intermediates are
     boxes unless the whole picture is small; ``expand=["X_5"]`` or ``"all"`` draws definitions."""
-    from .pictures import graphviz as gv
+    from .pictures.graphviz import notebook_diagram
 
-    return gv.diagram(value, expand=expand, split_leaves=split_leaves, title=title,
-                      max_nodes=gv.DEFAULT_MAX_NODES if max_nodes is None else max_nodes,
-                      max_edges=gv.DEFAULT_MAX_EDGES if max_edges is None else max_edges)
+    return notebook_diagram(value, expand=expand, split_leaves=split_leaves, title=title, max_nodes=max_nodes,
+                            max_edges=max_edges)
 
 
 def deps(w, weight, of):
     """The picture of "does the coefficient of d(of) in the normal form w involve weight?"."""
-    from .calculus.forms import coeff, normal_terms
-    from .pictures import graphviz as gv
-    from .pictures.depsview import path_view
+    from .pictures.graphviz import notebook_deps
 
-    w = as_term(w, "w")
-    normal_terms(w)  # an error unless w is a normal form
-    if not (isinstance(of, Term) and of.op == "sym" and of.data[0].kind == "weight"):
-        raise FdslError("the coefficient is named by its weight, like K[5], not %s" % of)
-    return gv.Diagram(path_view(coeff(w, of), weight, of))
+    return notebook_deps(w, weight, of)

@@ -4,8 +4,10 @@ or the floors below it, and nothing below the command line imports it.
 The imports are read from the source with ``ast``: module-level and deferred ones (inside a
 function), ``importlib.import_module("fdsl...")`` strings included. Two exceptions, both named
 here: the printing hooks of core objects (``__str__``, ``__repr__``, ``_repr_latex_``,
-``_repr_html_``, ``_repr_svg_``, ``diagram``) may import upwards lazily, as SymPy's printing hooks
-do; and a deferred import may go down anywhere (that is simply downward).
+``_repr_html_``, ``_repr_svg_``) may import their own folder's printers lazily, as SymPy's
+printing hooks do, closing a loop that a module-level import would make (never a floor up: the
+pictures a term or a program shows of itself come down through ``fdsl.base.assembly``); and a
+deferred import may go down anywhere (that is simply downward).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ FLOORS = [
     ("cli", "repl", "serve", "api", "compose", "__init__", "__main__"),  # the faces and the composition root
 ]
 FLOOR_OF = {folder: i for i, names in enumerate(FLOORS) for folder in names}
-# the printing hooks, and the pictures a term or a program shows of itself inline in a notebook
-HOOKS = {"__str__", "__repr__", "_repr_latex_", "_repr_html_", "_repr_svg_", "_repr_mimebundle_", "diagram", "deps"}
+# the printing hooks: they may close a loop inside their own folder (Term.__str__ and the printers)
+HOOKS = {"__str__", "__repr__", "_repr_latex_", "_repr_html_", "_repr_svg_", "_repr_mimebundle_"}
 # the faces may import one another only as written here (the CLI's repl command starts the repl, its
 # serve command the server; the server's sessions are the repl's, and import the composition root)
 # (fdsl/__init__.py hands the composition root to fdsl.base.assembly; the CLI prints its version)
@@ -112,7 +114,7 @@ def violations(paths=None):
         for line, target, function in imports_of(path):
             there = room(target)
             where = "%s:%d" % (path.relative_to(PACKAGE.parent), line)
-            if function in HOOKS:
+            if function in HOOKS and here == there:
                 continue
             if there == "cli" and here != "cli" and (here, there) not in FACES:
                 out.append("%s: %s imports the command line (%s)" % (where, module, target))
@@ -149,8 +151,19 @@ def test_imports_go_only_down():
 def test_a_planted_import_fails(monkeypatch, victim, line, expected):
     """The test can fail: one wrong import planted (deferred, in a function) in a module is named
     with its file and line."""
+    _assert_planted_import_fails(monkeypatch, victim, "planted", line, expected)
+
+
+@pytest.mark.parametrize("hook", ["__str__", "_repr_svg_", "diagram"])
+def test_a_hook_that_imports_a_floor_up_fails(monkeypatch, hook):
+    """The printing hooks may import their own folder lazily, not a floor above: a term's
+    pictures come down through fdsl.base.assembly."""
+    _assert_planted_import_fails(monkeypatch, "core/terms.py", hook, "from ..pictures import graphviz", "a floor up")
+
+
+def _assert_planted_import_fails(monkeypatch, victim, function, line, expected):
     path = PACKAGE / victim
-    text = path.read_text() + "\n\ndef planted():\n    import importlib\n\n    " + line + "\n"
+    text = path.read_text() + "\n\ndef %s():\n    import importlib\n\n    %s\n" % (function, line)
     monkeypatch.setattr(Path, "read_text", lambda self, *a, _orig=Path.read_text, **k:
                         text if self == path else _orig(self, *a, **k))
     where = "fdsl/%s:%d" % (victim, text.count("\n"))

@@ -75,7 +75,7 @@ def test_bad_program_through_the_cli(path, cli_runs):
     check_caret(path, lines, lines[0])
 
 
-# The command line raises Python's recursion limit so that the depth limit of fdsl.lang.program decides;
+# The command line raises Python's recursion limit so that the depth limit of fdsl.lang.elaborate decides;
 # a library caller keeps the interpreter's limit, and gets a message naming the definition too.
 _API_DIFFERS = {"recursion"}
 

@@ -136,6 +136,26 @@ def test_a_diagram_saves_where_asked(p, tmp_path):
     assert done.path.read_text() == picture.source
 
 
+def test_a_program_draws_its_dependency_view(p):
+    w = p.normal_form(p.expr("form(E)"))
+    picture = p.deps("form(E)", "Q[0]", "K[1]")
+    assert picture.source == fdsl.deps(w, p.expr("Q[0]"), p.expr("K[1]")).source
+    assert "does the coefficient of dK_1 involve Q_0?" in picture.graph.graph["title"]
+
+
+def test_without_pictures_the_conveniences_say_so(p, monkeypatch):
+    """Term.diagram, Program.diagram and Program.deps sit below the pictures' floor and reach them
+    through what the composition root hands down (fdsl.base.assembly); with nothing handed down,
+    an FdslError says so."""
+    from fdsl.base import assembly
+
+    monkeypatch.setattr(assembly, "_pictures", {})
+    for draw, name in ((lambda: p["E"].diagram(), "diagram"), (lambda: p.diagram("E"), "diagram"),
+                       (lambda: p.deps("form(E)", "Q[0]", "K[1]"), "deps")):
+        with pytest.raises(fdsl.FdslError, match=r"%s\(\) is unavailable: this fdsl has no pictures" % name):
+            draw()
+
+
 # ---- the tour notebook, on a real kernel ------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from . import codegen, diagram, flow, grad, repl, rules, run, serve, train
 COMMANDS = (run, repl, serve, diagram, grad, rules, train, codegen, flow)
 
 # Elaboration recurses once per nested call of a user definition (encoder(64) nests 64 deep);
-# a big thread stack lets the depth limit in fdsl.lang.program, not the interpreter, decide.
+# a big thread stack lets the depth limit in fdsl.lang.elaborate, not the interpreter, decide.
 _STACK_BYTES = 512 * 1024 * 1024
 _RECURSION_LIMIT = 200_000
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator, Optional
 
+from ..base import assembly
 from ..base.limits import DEFAULT_SIZE_LIMIT, WIDTH_SHARE
 from ..base.numbers import number_problem, power_problem
 from .ops import OPS, ShapeError
@@ -142,9 +143,7 @@ class Term:
 
     def diagram(self, **options):
         """The picture of this term (``fdsl.diagram``): shown inline in a notebook."""
-        from ..api import diagram
-
-        return diagram(self, **options)
+        return assembly.picture("diagram")(self, **options)
 
 
 @dataclass(frozen=True)

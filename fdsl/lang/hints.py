@@ -8,7 +8,7 @@ hint      a short sentence added to an error message when the mistake looks like
           changes what a program means; it only makes an error say what to write.
 
 The parser (``fdsl.lang.parse``) asks ``syntax_hint`` about each syntax error, and the elaborator
-(``fdsl.lang.program``) asks ``function_hint`` and ``keyword_hint`` about unknown names.
+(``fdsl.lang.elaborate``) asks ``function_hint`` and ``keyword_hint`` about unknown names.
 """
 
 from __future__ import annotations

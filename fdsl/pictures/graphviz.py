@@ -28,7 +28,10 @@ from ..base.errors import FdslError
 from ..base.files import Write, target_of
 from ..base.limits import DEFAULT_MAX_EDGES, DEFAULT_MAX_NODES
 from ..base.progress import slow
-from ..core.functions import describe, function
+from ..calculus.forms import coeff, normal_terms
+from ..core.functions import as_term, describe, function
+from ..core.terms import Term
+from .depsview import path_view
 from .termgraph import term_graph
 
 FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf", ".dot": None}  # extension -> dot -T format
@@ -310,6 +313,26 @@ def note(shown_path, nodes: int, fallback: bool) -> str:
         return "wrote %s (%d nodes)" % (shown, nodes)
     return ("wrote %s (%d nodes) instead of %s: Graphviz's dot program is not installed; %s"
             % (shown.with_suffix(".dot"), nodes, shown, INSTALL_HINT))
+
+
+# ---- the notebook: fdsl.diagram and fdsl.deps, Term.diagram, Program.diagram and Program.deps ------
+
+
+def notebook_diagram(value, expand="auto", split_leaves: bool = False, title=None, max_nodes=None,
+                     max_edges=None) -> Diagram:
+    """``diagram`` with the default limits where ``max_nodes`` or ``max_edges`` is None."""
+    return diagram(value, expand=expand, split_leaves=split_leaves, title=title,
+                   max_nodes=DEFAULT_MAX_NODES if max_nodes is None else max_nodes,
+                   max_edges=DEFAULT_MAX_EDGES if max_edges is None else max_edges)
+
+
+def notebook_deps(w, weight, of) -> Diagram:
+    """The picture of "does the coefficient of d(of) in the normal form w involve weight?"."""
+    w = as_term(w, "w")
+    normal_terms(w)  # an error unless w is a normal form
+    if not (isinstance(of, Term) and of.op == "sym" and of.data[0].kind == "weight"):
+        raise FdslError("the coefficient is named by its weight, like K[5], not %s" % of)
+    return Diagram(path_view(coeff(w, of), weight, of))
 
 
 # ---- the language, the repl and the command line ---------------------------------------------------
