@@ -27,7 +27,7 @@ generation stays linear in the sweep. ``kept``: the values read after the sweep 
 gradients, the loss). ``folds``: the target folds a batch on the left of a product into one
 product (torch: ``(b, n, d) @ (d, k)`` is one ``mm``), so a pass keeps a batched operand
 (``Value.batched``) on the left. The helpers the writers spell for these kinds are in the
-runtimes (``targets._NUMPY_HELPERS``, ``torch_runtime``); how each kind is encoded: ``docs/ir.md``.
+runtimes (``numpy_helpers``, ``torch_runtime``); how each kind is encoded: ``docs/ir.md``.
 
 ``unlet`` and ``factored`` work on terms, before the lowering: they decide what is computed, not
 how the sweep does it.

@@ -1,0 +1,196 @@
+"""The numpy target's helpers for generated code: inputs and dtypes, batches and their sums, the
+grouped products, traces, results. Copied into every numpy module that ``fdsl codegen`` writes
+(after ``fdsl.numbers.numpy_runtime``, the operators' numpy functions), and imported by the tests.
+
+Vocabulary
+----------
+nb      the batch size of a call: 0 for one example, else the length of the leading axis that the
+        inputs which vary per example carry (``_batch``).
+total   a gradient summed over the batch (``_total``, ``_matmul_total``, ``_sum_total``): the
+        gradient of the loss summed over the examples.
+piece   a few examples of a large batch at a time (``_piece``, ``_in_pieces``; see targets).
+"""
+
+import numpy as np
+
+
+def _trace(A):
+    """The trace: a number for one matrix, a (batch, 1, 1) array for a batch of them."""
+    t = np.trace(A, axis1=-2, axis2=-1)
+    return float(t) if A.ndim == 2 else t[..., None, None]
+
+
+def _trace_product(A, B):
+    """trace(A @ B) without the product, as the sum of A^t o B (as _trace: a number, or a
+    (batch, 1, 1) array)."""
+    t = (A.mT * B).sum(axis=(-2, -1))
+    return float(t) if np.ndim(t) == 0 else t[..., None, None]
+
+
+def _as_float(x):
+    return float(np.asarray(x).reshape(()))
+
+
+def _scalar_matrix(x, dtype):
+    """A scalar as a 1 x 1 array (a per-example scalar, (batch, 1, 1), as it is)."""
+    x = np.asarray(x, dtype=dtype)
+    return x if x.ndim == 3 else x.reshape(1, 1)
+
+
+def _dtype(values, names, forced):
+    """The dtype to compute in: the forced one, else float32 when every array input is float32,
+    else float64."""
+    if forced is not None:
+        return forced
+    for name in names:  # the first input that is not float32 decides: float64
+        if getattr(values[name], "dtype", None) != np.float32:
+            return np.float64
+    return np.float32 if names else np.float64
+
+
+def _input(values, name, shape, batched, dtype):
+    """values[name] as an array of the dtype and the declared shape (as given when it already is
+    one), with a leading batch axis allowed when ``batched`` (a constant that varies per example)."""
+    x = values[name]
+    if type(x) is not np.ndarray or x.dtype != dtype:
+        x = np.asarray(x, dtype=dtype)
+    if x.ndim == 2 and (shape is None or x.shape == shape):
+        return x
+    if batched and x.ndim == 3 and (shape is None or x.shape[1:] == shape):
+        return x
+    if shape is not None and x.size == shape[0] * shape[1] and not (batched and x.ndim == 3):
+        return x.reshape(shape)
+    what = "(batch, %d, %d) or %s" % (shape + (shape,)) if batched and shape else str(shape or "a matrix")
+    raise ValueError("%s has shape %s, not %s" % (name, x.shape, what))
+
+
+def _scalar(values, name):
+    return float(np.asarray(values[name]).reshape(()))
+
+
+def _batch(*xs):
+    """The batch size of the inputs that have one (they must agree), or 0 when none has."""
+    sizes = {x.shape[0] for x in xs if x.ndim == 3}
+    if len(sizes) > 1:
+        raise ValueError("the inputs have different batch sizes: %s" % sorted(sizes))
+    return sizes.pop() if sizes else 0
+
+
+def _total(x, nb):
+    """A gradient summed over the batch: the sum of its examples' (a term that no example changes
+    counts once per example)."""
+    if not nb:
+        return x
+    return x.sum(axis=0) if x.ndim == 3 else x * nb
+
+
+def _sum_total(x, axis, nb):
+    """x.sum(axis, keepdims=True) summed over the batch too (a gradient), as one reduction."""
+    if x.ndim == 3:
+        return x.sum(axis=(0, axis), keepdims=True)[0]
+    s = x.sum(axis=axis, keepdims=True)
+    return s * nb if nb else s
+
+
+def _matmul_total(A, B, nb):
+    """A @ B summed over the batch (a gradient): for two batches sum_b A_b B_b as one product, the
+    examples side by side along the inner axis; a product that no example changes counts nb times."""
+    if A.ndim == 3 and B.ndim == 3:
+        return np.swapaxes(A, -1, -2).reshape(-1, A.shape[-2]).T @ B.reshape(-1, B.shape[-1])
+    if A.ndim == 3:
+        return A.sum(axis=0) @ B
+    if B.ndim == 3:
+        return A @ B.sum(axis=0)
+    return (A @ B) * nb if nb else A @ B
+
+
+def _cat(xs, axis):
+    """The matrices side by side along ``axis`` (-1: columns, -2: rows); a matrix beside a batch
+    is repeated for every example."""
+    if len({x.ndim for x in xs}) > 1:
+        nb = next(x.shape[0] for x in xs if x.ndim == 3)
+        xs = [x if x.ndim == 3 else np.broadcast_to(x, (nb,) + x.shape) for x in xs]
+    return np.concatenate(xs, axis)
+
+
+def _split(x, sizes, axis):
+    return np.split(x, np.cumsum(sizes)[:-1], axis)
+
+
+def _grouped(A, Bs):
+    """(A @ B for B in Bs), as the one product A [B_1 ... B_k], split back into views."""
+    return _split(A @ _cat(Bs, -1), [B.shape[-1] for B in Bs], -1)
+
+
+def _grouped_rows(As, B):
+    """(A @ B for A in As), as the one product [A_1; ...; A_k] B, split back into views."""
+    return _split(_cat(As, -2) @ B, [A.shape[-2] for A in As], -2)
+
+
+def _grouped_total(A, Bs, nb):
+    """(_matmul_total(A, B, nb) for B in Bs), as one product."""
+    return _split(_matmul_total(A, _cat(Bs, -1), nb), [B.shape[-1] for B in Bs], -1)
+
+
+def _grouped_total_rows(As, B, nb):
+    """(_matmul_total(A, B, nb) for A in As), as one product."""
+    return _split(_matmul_total(_cat(As, -2), B, nb), [A.shape[-2] for A in As], -2)
+
+
+def _sum_of_products(As, Bs):
+    """A_1 @ B_1 + ... + A_k @ B_k as the one product [A_1 ... A_k] [B_1; ...; B_k]."""
+    return _cat(As, -1) @ _cat(Bs, -2)
+
+def _full(shape, value, nb, dtype):
+    if isinstance(value, np.ndarray):  # a per-example scalar: (batch, 1, 1)
+        return np.full(shape, value.sum(), dtype=dtype)
+    return np.full(shape, value * (nb or 1), dtype=dtype)
+
+
+def _copy(x):
+    return x.copy()
+
+
+_PIECE_BYTES = 96 * 1024  # below glibc's threshold for fresh pages (128 KiB), and in the L2 cache
+
+
+def _piece(nb, example_size, dtype):
+    """How many examples of a batch of nb to compute at a time (0: all of them at once)."""
+    per = max(1, _PIECE_BYTES // (example_size * np.dtype(dtype).itemsize))
+    return per if nb > per else 0
+
+
+def _in_pieces(sweep, values, names, n):
+    """sweep(values) a piece of n examples at a time, the results summed (gradients, and a loss)."""
+    batch = np.shape(values[next(name for name in names if np.ndim(values[name]) == 3)])[0]
+    total = None
+    for start in range(0, batch, n):
+        piece = dict(values)
+        for name in names:
+            if np.ndim(values[name]) == 3:
+                piece[name] = np.asarray(values[name])[start:start + n]
+        got = sweep(piece)
+        if total is None:
+            total = got
+        elif isinstance(total, tuple):  # (gradients, loss)
+            for key in total[0]:
+                total[0][key] += got[0][key]
+            total = (total[0], total[1] + got[1])
+        else:
+            for key in total:
+                total[key] += got[key]
+    return total
+
+
+def _half_sq(E, nb):
+    """1/2 ||E||^2, summed over the batch."""
+    s = 0.5 * float(np.vdot(E, E))
+    return s * nb if nb and E.ndim == 2 else s
+
+
+def _loss_total(L, nb):
+    """A scalar loss L summed over the batch: per example it is a (batch, 1, 1) array; a loss that
+    no example changes counts once per example."""
+    if isinstance(L, np.ndarray) and L.ndim == 3:
+        return float(L.sum())
+    return float(np.asarray(L).reshape(())) * (nb or 1)
