@@ -109,46 +109,18 @@ def summed_reduction(sweep: Sweep, v: Value) -> bool:
 # ---- products that share an operand ---------------------------------------------------------------
 
 
-class _Footprint:
-    """The products of some groups, the values they make and the values they read."""
-
-    def __init__(self):
-        self.ops: set = set()
-        self.outs: set = set()
-        self.reads: set = set()
-
-    def add(self, members, reads: dict):
-        for m in members:
-            self.ops.add(m)
-            self.outs.add(m.out)
-            self.reads.update(reads[m])
-
-    def merge(self, other: "_Footprint"):
-        self.ops |= other.ops
-        self.outs |= other.outs
-        self.reads |= other.reads
-
-    def feeds(self, members) -> bool:
-        """Whether one of ``members`` is one of these products, or makes what they read."""
-        return any(m in self.ops or m.out in self.reads for m in members)
-
-    def touches(self, members, reads: dict) -> bool:
-        """``feeds``, or one of ``members`` reads what these products make."""
-        return self.feeds(members) or any(v in self.outs for m in members for v in reads[m])
-
-
 def group_products(sweep: Sweep, kept: set) -> None:
     """Products that share an operand done as one (see the module doc), largest groups first,
     until no two can be. ``kept`` is not needed: a group makes every value its members made.
 
     A round finds the candidates once (products by shared read) and tries them largest first,
-    taking each group that places, as taking one at a time and looking again would: a group that
-    reads what a group of the round makes goes after it; one that shares a product with such a
-    group (it is left the others), or makes what one reads, waits for the next round, and so do
-    the groups that touch a waiting one, or a group that did not place where a group taken after
-    it touches it (it might place now). Where each group goes is the place just after the last
-    op that makes one of its operands, before the op there (``slots``: the groups put before
-    each op, in order), so a round is one rewrite and the rounds are few."""
+    each without the products an earlier group of the round took; a group goes just after the
+    last op (or group of the round) that makes one of its operands, before the op there
+    (``slots``: the groups put before each op, in order), and only before every group of the
+    round that reads what its products make. A group that could not go where it must, until a
+    group taken after it made one of its operands (it may go there now), keeps its products for
+    the next round: a later group of the round does not take them. A round is one rewrite; the
+    next finds the groups the last made possible, and the rounds do not grow with the sweep."""
     while True:
         pos = sweep.positions()
         found: dict = {}  # (total, side, the shared read) -> the products, in order
@@ -158,38 +130,42 @@ def group_products(sweep: Sweep, kept: set) -> None:
                 found.setdefault((total, "cols", op.args[0]), []).append(op)
                 found.setdefault((total, "rows", op.args[1]), []).append(op)
         updates = _updates(sweep, pos)
-        taken, waiting, failed = _Footprint(), _Footprint(), _Footprint()
         slots: dict = {}  # position -> the groups put before the op there, in order
         made: dict = {}  # value -> (the position of the slot of the group that makes it, the group)
+        readers: dict = {}  # value -> [(the slot's position, a group of the round that reads it)]
         gone: dict = {}
+        failed: dict = {}  # a value read by a group that did not place -> its products
+        kept_back: set = set()  # the products of such groups that a later group might let place
         for (total, side, shared), members in sorted(found.items(), key=lambda kv: -len(kv[1])):
-            if len(members) < 2:
-                break
+            members = [m for m in members if m not in gone]  # an earlier group took the others
+            if len(members) < 2 or any(m in kept_back for m in members):
+                continue
             reads = {m: m.values_read() for m in members}
-            if taken.feeds(members) or waiting.touches(members, reads):
-                waiting.add(members, reads)
-                continue
-            place = _place(sweep, pos, updates, slots, made, members, reads)
+            place = _place(sweep, pos, updates, slots, made, readers, members, reads)
             if place is None:
-                failed.add(members, reads)
+                for m in members:
+                    for v in reads[m]:
+                        failed.setdefault(v, []).extend(members)
                 continue
-            if failed.touches(members, reads):
-                # a group that did not place might now: what touches it waits for the next round
-                waiting.merge(failed)
+            for m in members:  # a group that did not place for want of these might place now
+                kept_back.update(failed.pop(m.out, ()))
             others = [m.args[1] if side == "cols" else m.args[0] for m in members]
             group = Op("grouped", [m.out for m in members], [shared] + others if side == "cols" else others + [shared],
                        side=side, total=total)
             at, i = place
             slots.setdefault(at, []).insert(i, group)
             made.update((m.out, (at, group)) for m in members)
+            for m in members:
+                for v in reads[m]:
+                    readers.setdefault(v, []).append((at, group))
             gone.update((m, []) for m in members)
-            taken.add(members, reads)
         if not gone:
             return
         sweep.rewrite(gone, before={sweep.ops[at]: groups for at, groups in slots.items()})
 
 
-def _place(sweep: Sweep, pos: dict, updates: dict, slots: dict, made: dict, members: list, reads: dict):
+def _place(sweep: Sweep, pos: dict, updates: dict, slots: dict, made: dict, readers: dict, members: list,
+           reads: dict):
     """(position, index in its slot) of the group of ``members``: just after the last op (or
     group of the round) that makes one of their operands; None where it cannot go there."""
     outs = {m.out for m in members}
@@ -212,6 +188,8 @@ def _place(sweep: Sweep, pos: dict, updates: dict, slots: dict, made: dict, memb
             return None
         if min((pos[r] for r in sweep.readers.get(m.out, ())), default=end) < ready:
             return None  # read before the group could be made
+        if any(place > (at, slots[at].index(group)) for at, group in readers.get(m.out, ())):
+            return None  # a group of the round that reads it would come first
         if not _unchanged(updates, reads[m], min(pos[m], ready), max(pos[m], ready)):
             return None  # an operand is updated in place between the two places
     return place

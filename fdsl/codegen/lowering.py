@@ -658,11 +658,18 @@ class Lowering(Products, ModuleWriter):
         """A sum with every summand of a sum computed before as that sum plus the rest: a residual
         stream adds each layer's output to the last layer's sum (as the forward does), instead of
         the whole flat sum of the normal form again (then full parts, one with a batch first)."""
+        wanted = set(keys)
+        if len(wanted) != len(keys):
+            return None
         best = None
-        for summands, stored_flip, ref in self.sums:
-            if stored_flip == flip and summands < set(keys) and (best is None or len(summands) > len(best[0])):
+        # the latest sums first: a residual stream's last sum is one term short, and found at once
+        for summands, stored_flip, ref in reversed(self.sums):
+            if stored_flip == flip and len(summands) < len(wanted) and summands < wanted and (
+                    best is None or len(summands) >= len(best[0])):
                 best = (summands, ref)
-        if best is None or len(best[0]) < 2 or len(set(keys)) != len(keys):
+                if len(summands) == len(wanted) - 1:
+                    break
+        if best is None or len(best[0]) < 2:
             return None
         summands, earlier = best
         rest = sorted((p for key, p in parts.items() if key not in summands), key=lambda p: (not p[3], p[0]))
