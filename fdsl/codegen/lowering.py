@@ -566,7 +566,7 @@ class Lowering(Products, ModuleWriter):
             p, q = (self._factor(f) for f in word)
             return self._new(b, "trace_product", [p.read(), q.read()], scalar=True)
         if b.op == "trace":
-            return self._new(b, "trace", [args[0].read()], scalar=True)
+            return self._new(b, "trace", [self._matrix(args[0]).read()], scalar=True)
         # a template on 1 x 1 arrays (the scalars made so), read back as a number
         self._template_of(b)
         operands = [a.var if a.scalar else a.read() for a in args]
@@ -622,7 +622,7 @@ class Lowering(Products, ModuleWriter):
         parts, keys = [], []
         for s in b.args:
             sign, broadcast, t = self._summand(s)
-            ref = self.ref(t)
+            ref = self._matrix(self.ref(t))  # a number added to a 1 x 1 matrix is one too
             if flip:
                 ref = ref.t()
             parts.append((broadcast, sign < 0, ref, canon(t)[0] in self.batched))
