@@ -46,23 +46,30 @@ def _weights(p, w) -> list:
 
 
 def torch_gpt(t: dict, blocks: int, heads: int, k: int):
-    """The GPT of examples/gpt.fd written in torch from scratch: its loss L."""
+    """The GPT of examples/gpt.fd written in torch from scratch: its loss L. Given the weights of
+    examples/gpt2.fd instead (query, key and value biases bq, bk, bv and an output bias bo per
+    block, no temperature tau, no U: the embedding E tied to the unembedding), that GPT's."""
     n = t["X"].shape[0]
     mask = torch.triu(torch.full((n, n), float("-inf"), dtype=torch.float64), diagonal=1)
 
     def ln(z, g, b):
         return F.layer_norm(z, z.shape[1:], weight=g.reshape(-1), bias=b.reshape(-1), eps=1e-5)
 
+    def biased(x, name):  # + C b, where the model has the bias
+        return x + t[name] if name in t else x
+
     z = t["X"] @ t["E"] + t["P"]
     for i in range(blocks):
         h = ln(z, t["g1_%d" % i], t["b1_%d" % i])
+        scale = t["tau_%d" % i].reshape(()) * k ** -0.5 if "tau_%d" % i in t else k ** -0.5
+        z = biased(z, "bo_%d" % i)
         for j in range(heads):
-            q, kk, v = (h @ t["%s_%d_%d" % (m, i, j)] for m in "QKV")
-            att = torch.softmax(t["tau_%d" % i].reshape(()) * k ** -0.5 * q @ kk.T + mask, dim=1)
+            q, kk, v = (biased(h @ t["%s_%d_%d" % (m, i, j)], "b%s_%d_%d" % (m.lower(), i, j)) for m in "QKV")
+            att = torch.softmax(scale * q @ kk.T + mask, dim=1)
             z = z + att @ v @ t["O_%d_%d" % (i, j)]
         h = ln(z, t["g2_%d" % i], t["b2_%d" % i])
         z = z + F.gelu(h @ t["W1_%d" % i] + t["c1_%d" % i]) @ t["W2_%d" % i] + t["c2_%d" % i]
-    logits = ln(z, t["gf"], t["bf"]) @ t["U"]
+    logits = ln(z, t["gf"], t["bf"]) @ (t["U"] if "U" in t else t["E"].T)
     return -(t["Y"] * torch.log_softmax(logits, dim=1)).sum()
 
 

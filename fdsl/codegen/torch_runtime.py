@@ -97,8 +97,12 @@ def _input(values, name, shape, batched, dtype, device):
 
 
 def _scalar(values, name):
+    """A declared scalar or a scalar weight as a Python number with the value given (a number is not
+    rounded through torch's default dtype), which torch's operations take in the working dtype."""
     x = values[name]
-    return float((x.detach() if torch.is_tensor(x) else torch.as_tensor(x)).reshape(()))
+    if isinstance(x, (int, float)) or torch.is_tensor(x):
+        return float(x)
+    return float(torch.as_tensor(x, dtype=torch.float64).reshape(()))
 
 
 def _batch(*xs):
