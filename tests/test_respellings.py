@@ -40,16 +40,18 @@ BATCH = 2
 # what today's code does. Block i's scores are tau_i s q k^t + M for each head (q = Z Q, k = Z K),
 # and
 #     dL/dtau_i = s sum_heads <G, q k^t> = s sum_heads <G k, q>
-# where G is the adjoint of the scores: G k is the product that the gradient of q needs anyway
-# (dL/dq = tau_i s G k), so the temperature needs no matrix product of its own. With the heads of a
-# block stacked, as the other spellings have them, its ops are these, whatever the number of heads
-# (an upper bound: a respelling may add at most their sum a block, and no product):
+# where G is the adjoint of the scores: the gradients of Q and K need G (the flipped aa of the
+# scores' backward) anyway, and q k^t is the forward's product before its scale, so the
+# temperature needs no matrix product of its own. With the heads of a block stacked, as the other
+# spellings have them, its ops are these, whatever the number of heads (the runtime keeps a scalar
+# of a batch as a (batch, 1, 1) array, and hands a gradient out shaped like its weight):
 TEMPERATURE_OPS = {
     "read tau_i, a 1 x 1 view of the flat weights, as a number (tau_i s is then a Python product)": 1,
-    "multiply G k by q entry by entry (every head and example at once)": 1,
-    "sum that product over every axis": 1,
-    "scale the sum by s": 1,
-    "give the 0-d sum the weight's 1 x 1 shape for the flat gradient": 1,
+    "multiply G by q k^t entry by entry (every head and example at once)": 1,
+    "sum that product over the heads and the entries": 1,
+    "keep each example's sum as a (batch, 1, 1) array, as every scalar of a batch is": 2,
+    "scale it by s": 1,
+    "the weight's 1 x 1 gradient: the sum over the batch, expanded to the weight's shape, copied": 3,
 }
 TEMPERATURE_PRODUCTS = 0  # matrix products: none (above)
 

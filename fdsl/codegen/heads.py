@@ -433,3 +433,83 @@ def side_by_side(sweep: Sweep, kept: set) -> None:
         sweep.rewrite({op: [] for op in dead})
         gone = set(dead)
         candidates = [op for op in candidates if op not in gone]
+
+
+# ---- a sum of the heads' traces, on the stacks --------------------------------------------------
+
+
+def stacked_traces(sweep: Sweep, kept: set) -> None:
+    """``c trace(A_1^t B_1) + ... + c trace(A_h^t B_h)`` over the h heads of two stacks (each
+    ``trace_product`` of the heads of one index, the same scale c for all) as ``c`` times one
+    trace of the stacks, summed over the heads too (``trace_product`` with ``heads``): the
+    gradient of a learned temperature of the scores, ``tau_i s sum_heads <G_h, q_h k_h^t>``, one
+    elementwise product and one sum a block instead of a few calls a head."""
+    changes: dict = {}
+    for op in sweep.ops:
+        if op.kind != "scalar_op" or op.attrs.get("op") != "add" or not all(isinstance(a, Value) for a in op.args):
+            continue
+        got = _traces_of_heads(sweep, op, kept)
+        if got is None:
+            continue
+        gone, (a, b), scale = got
+        tp = Value(scalar=True, hint=op.out, suffix="_heads")
+        new = [Op("trace_product", [tp], [a, b], heads=True)]
+        new.append(Op("scalar_op", op.outs, list(scale) + [tp], op="mul") if scale else None)
+        if not scale:  # the sum is the trace itself
+            new[0] = Op("trace_product", op.outs, [a, b], heads=True)
+            new.pop()
+        changes.update((g, []) for g in gone)
+        changes[op] = new
+    if not changes:
+        return
+    sweep.rewrite(changes)
+    dead = {}
+    for op in sweep.ops:  # views of a stack that nothing reads now are not made
+        if op.kind == "unbind" and not any(sweep.readers.get(v) or v in kept for v in op.outs):
+            dead[op] = []
+    if dead:
+        sweep.rewrite(dead)
+
+
+def _traces_of_heads(sweep: Sweep, op: Op, kept: set) -> Optional[tuple]:
+    """(the ops the sum replaces, the reads of the two stacks, the common scale) where ``op`` sums
+    one scaled trace of each head of two stacks; else None."""
+    gone, scale, pairs = [], None, {}
+    stacks = None
+    for v in op.args:
+        maker = sweep.maker.get(v)
+        if maker is None or v in kept or sweep.users(v) != [op]:
+            return None
+        own = ()
+        if maker.kind == "scalar_op" and maker.attrs.get("op") == "mul":
+            traces = [a for a in maker.args if isinstance(a, Value) and sweep.maker.get(a) is not None
+                      and sweep.maker[a].kind == "trace_product" and not sweep.maker[a].attrs.get("heads")]
+            if len(traces) != 1 or sweep.users(traces[0]) != [maker] or traces[0] in kept:
+                return None
+            own = tuple(a for a in maker.args if a is not traces[0])
+            gone.append(maker)
+            maker = sweep.maker[traces[0]]
+        if maker.kind != "trace_product" or maker.attrs.get("heads"):
+            return None
+        if scale is None:
+            scale = own
+        if own != scale:
+            return None
+        x, y = maker.args
+        heads = []
+        for r in (x, y):
+            unbind = sweep.maker.get(r.value)
+            if r.scale or unbind is None or unbind.kind != "unbind":
+                return None
+            heads.append((unbind, unbind.outs.index(r.value)))
+        key = (heads[0][0], x.t, heads[1][0], y.t)
+        if stacks is None:
+            stacks = key
+        if key != stacks or heads[0][1] != heads[1][1] or heads[0][1] in pairs:
+            return None
+        pairs[heads[0][1]] = maker
+        gone.append(maker)
+    if stacks is None or len(pairs) != len(stacks[0].outs) or len(stacks[0].outs) != len(stacks[2].outs):
+        return None
+    a, ta, b, tb = stacks
+    return gone, (Read(a.args[0].value, ta), Read(b.args[0].value, tb)), scale

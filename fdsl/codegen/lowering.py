@@ -75,7 +75,7 @@ from .fusion import (
     transposed_reads,
     unlet,
 )
-from .heads import grouped_kinds, side_by_side, stacked_heads
+from .heads import grouped_kinds, side_by_side, stacked_heads, stacked_traces
 from .ir import Dim, Op, Read, Sweep, Value, check
 from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
 from .products import Products, _Ref, canon
@@ -125,6 +125,7 @@ class Lowering(Products, ModuleWriter):
         self.dim_stmts: list = []  # dim ops: sizes read off input shapes
         self.runtime_consts: list = []  # const ops whose shape has a dim known only at call time
         self.sweep = Sweep()  # the ops of the sweep, in topological order
+        self._aas: Optional[dict] = None  # the aa terms by their arguments (_aa_index)
         self.values: list = []  # every value the lowering made, in order (the writer names them so)
         self.refs: dict = {}  # base -> _Ref
         self.avail: dict = {}  # canonical sub-word key -> (Value, flip)
@@ -411,6 +412,7 @@ class Lowering(Products, ModuleWriter):
                 lambda s: stacked_heads(s, kept),  # the heads of an attention as one chain on stacks
                 lambda s: grouped_kinds(s, kept),
                 lambda s: side_by_side(s, kept),
+                lambda s: stacked_traces(s, kept),
                 lambda s: added_products(s, kept),
                 lambda s: added_in_place(s, kept),
                 lambda s: affine_layernorms(s, kept),
@@ -553,7 +555,44 @@ class Lowering(Products, ModuleWriter):
         if a.op != "mul" or a.scalar:
             return None
         coeff, scalars, word = self._word(a)
-        return word if coeff == 1.0 and not scalars and len(word) == 2 else None
+        if coeff != 1.0 or scalars:
+            return None
+        return word if len(word) == 2 else self._flipped_trace(word)
+
+    def _flipped_trace(self, word) -> Optional[list]:
+        """``trace(P aa(A, B))`` as ``trace(aa(A, P^t)^t B)`` (softmax's row Jacobian is symmetric:
+        the manual's flip), the two factors aa(A, P^t)^t and B, where aa(A, P^t) is computed
+        anyway: the coefficient of a learned temperature tau in the scores ``a(tau s Q K^t + M)``
+        is the flipped form of the scores' adjoint, which the gradients of Q and K need, so tau's
+        gradient costs a sum of an elementwise product, not an aa and two products a head."""
+        at = [i for i, (x, f) in enumerate(word) if x.op == "aa" and not f]
+        if len(at) != 1:
+            return None
+        i = at[0]
+        aa = word[i][0]
+        rest = word[i + 1:] + word[:i]  # trace is cyclic: trace(aa(A, B) P)
+        wanted = tuple((x, not f) for x, f in reversed(rest))  # P^t
+        found = self._aa_index().get((canon(aa.args[0]), wanted))
+        return None if found is None else [(found, True), canon(aa.args[1])]
+
+    def _aa_index(self) -> dict:
+        """(the base of A and its transpose, the word of B) -> aa(A, B), of every aa to compute."""
+        if self._aas is None:
+            self._aas = {}
+            for n in self.nodes:
+                if n.op != "aa":
+                    continue
+                y, fy = canon(n.args[1])
+                if y.op == "mul" and not y.scalar:
+                    coeff, scalars, word = self._word(y)
+                    if coeff != 1.0 or scalars:
+                        continue
+                else:
+                    word = [(y, False)]
+                if fy:
+                    word = [(x, not f) for x, f in reversed(word)]
+                self._aas.setdefault((canon(n.args[0]), tuple(word)), n)
+        return self._aas
 
     def _scalar_op(self, b: Term) -> _Ref:
         word = self._trace_word(b) if b.op == "trace" else None

@@ -27,6 +27,12 @@ def _trace_product(A, B):
     return float(t) if np.ndim(t) == 0 else t[..., None, None]
 
 
+def _inner(A, B):
+    """trace(A^t @ B), the sum of A o B (as _trace: a number, or a (batch, 1, 1) array)."""
+    t = (A * B).sum(axis=(-2, -1))
+    return float(t) if np.ndim(t) == 0 else t[..., None, None]
+
+
 def _as_float(x):
     return float(np.asarray(x).reshape(()))
 

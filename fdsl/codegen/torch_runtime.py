@@ -57,6 +57,25 @@ def _trace_product(A, B):
     return float(t.detach()) if t.dim() == 0 else t[..., None, None]
 
 
+def _inner(A, B):
+    """trace(A^t @ B), the sum of A o B (as _trace: a number, or a (batch, 1, 1) tensor)."""
+    t = (A * B).sum(dim=(-2, -1))
+    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+
+
+def _trace_product_heads(A, B):
+    """The sum over the heads of two stacks (..., h, n, m) of trace(A_h @ B_h) (as _trace_product:
+    a number, or a (batch, 1, 1) tensor)."""
+    t = (A.mT * B).sum(dim=(-3, -2, -1))
+    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+
+
+def _inner_heads(A, B):
+    """The sum over the heads of two stacks of trace(A_h^t @ B_h), the sum of A o B."""
+    t = (A * B).sum(dim=(-3, -2, -1))
+    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+
+
 def _as_float(x):
     return float(torch.as_tensor(x).reshape(()))
 

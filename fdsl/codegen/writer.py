@@ -223,7 +223,9 @@ class Writer:
         elif kind == "scalar_matrix":
             code = "_scalar_matrix(%s, _dt%s)" % (self.scalar(a[0]), self.device)
         else:
-            helper = _HELPERS.get(kind)
+            if kind == "trace_product" and a[0].t and not a[0].scale:  # trace(A^t B): the sum of A o B
+                kind, a = "inner", (a[0].T(), a[1])
+            helper = _HELPERS.get(kind + ("_heads" if op.attrs.get("heads") else ""))
             if helper is None:
                 raise FdslError("internal: the %s writer cannot spell an op of kind %r" % (tgt.name, kind))
             code = helper % tuple(self.read(r) for r in a)
@@ -293,6 +295,9 @@ _HELPERS = {
     "add_into": "_add_into(%s, %s)",
     "trace": "_trace(%s)",
     "trace_product": "_trace_product(%s, %s)",
+    "trace_product_heads": "_trace_product_heads(%s, %s)",
+    "inner": "_inner(%s, %s)",
+    "inner_heads": "_inner_heads(%s, %s)",
 }
 
 
