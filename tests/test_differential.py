@@ -297,3 +297,24 @@ w = form(E)
     report = check(source, sign=-1, seed=0, use_torch=torch_eval.available())
     assert report.ok and not report.gradients
     assert [m for m, _ in report.skipped] == ["every method"] and "not finite" in report.skipped[0][1]
+
+
+# Found by the fuzzer on the statement IR (issue 28). "same-heads": the expanded form computes
+# E * Und twice, alike; they were stacked as two heads of one value (no head axis: unbinding it
+# failed). "per-example-scale": a bias-like gradient scaled after its row sum by trace(Xdd), a
+# number of each example, was summed over the batch before the scale (a wrong batch gradient).
+IR_FOUND = {
+    "same-heads": ("dim n = 2, d = 1\nconst Xnd : n x d\nweight Udd : d x d, Und : n x d\nF = Und * (Und Udd)\n"
+                   "E := Xnd - F\nL = trace(E^t E) / 2\nw = d(L)\n", 1),
+    "per-example-scale": ("dim n = 2, d = 1\nconst Xdd : d x d, Xnn : n x n\nconst Jn1 : n x 1 = ones\n"
+                          "weight U1n : 1 x n\nF = trace(Xdd) (Jn1 U1n)\nE := Xnn - F\nL = trace(E^t E) / 2\n"
+                          "w = form(E)\n", -1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IR_FOUND))
+def test_models_the_ir_passes_once_got_wrong(name):
+    source, sign = IR_FOUND[name]
+    report = check(source, sign=sign)
+    assert report.ok, report.describe()
+    assert any(k.startswith("torch-code") for k in report.gradients)

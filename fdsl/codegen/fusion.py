@@ -102,6 +102,8 @@ def summed_reduction(sweep: Sweep, v: Value) -> bool:
     op = sweep.maker.get(v)
     if op is None or op.kind != "sum_axis" or op.attrs.get("total") or sweep.readers.get(v) or op.args[0].scale:
         return False
+    if any(isinstance(s, Value) and s.batched for s in op.attrs.get("out_scale", ())):
+        return False  # scaled after by a number of each example: summed over the batch after it
     op.attrs["total"] = True  # as in summed_product
     return True
 

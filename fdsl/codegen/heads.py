@@ -222,6 +222,8 @@ def _stack_plan(sweep: Sweep, ops, patterns, i, length, h, pos, kept, stacks, by
                 if len({v.batched for v in tup}) != 1 or len({v.shape for v in tup}) != 1 or not _known(tup[0].shape):
                     return None
                 row.append(("outer", tup))
+        if all(kind == "shared" for kind, _ in row[1:]):  # (row[0]: the op's own result)
+            return None  # every head computes the same from the same operands: no head axis
         slots.append(row)
     # the heads in the order of a stack made before, where one of the operands has one
     order = list(range(h))
