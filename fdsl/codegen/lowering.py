@@ -86,6 +86,8 @@ from .writer import ModuleWriter, Writer
 # the IR is checked after every pass where this is set, or FDSL_CHECK_IR=1 (the tests set it)
 check_passes = False
 
+#: the sums looked through for one that a new sum extends (a residual stream's last one)
+_RECENT = 64
 #: size assumed for a dim without one when choosing the order of products
 _GUESSED_SIZE = 64
 
@@ -701,13 +703,13 @@ class Lowering(Products, ModuleWriter):
         if len(wanted) != len(keys):
             return None
         best = None
-        # the latest sums first: a residual stream's last sum is one term short, and found at once
-        for summands, stored_flip, ref in reversed(self.sums):
-            if stored_flip == flip and len(summands) < len(wanted) and summands < wanted and (
-                    best is None or len(summands) >= len(best[0])):
+        # the latest sum of these terms: a residual stream's last sum, a few sums back (an earlier,
+        # smaller one would be as right, with more terms added again); looked for among the last
+        # _RECENT sums only, so that the lowering stays linear in the sums of a deep program
+        for summands, stored_flip, ref in reversed(self.sums[-_RECENT:]):
+            if stored_flip == flip and len(summands) < len(wanted) and summands < wanted:
                 best = (summands, ref)
-                if len(summands) == len(wanted) - 1:
-                    break
+                break
         if best is None or len(best[0]) < 2:
             return None
         summands, earlier = best
