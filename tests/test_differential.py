@@ -303,12 +303,19 @@ w = form(E)
 # E * Und twice, alike; they were stacked as two heads of one value (no head axis: unbinding it
 # failed). "per-example-scale": a bias-like gradient scaled after its row sum by trace(Xdd), a
 # number of each example, was summed over the batch before the scale (a wrong batch gradient).
+# "scaled-by-each-example": below.
 IR_FOUND = {
     "same-heads": ("dim n = 2, d = 1\nconst Xnd : n x d\nweight Udd : d x d, Und : n x d\nF = Und * (Und Udd)\n"
                    "E := Xnd - F\nL = trace(E^t E) / 2\nw = d(L)\n", 1),
     "per-example-scale": ("dim n = 2, d = 1\nconst Xdd : d x d, Xnn : n x n\nconst Jn1 : n x 1 = ones\n"
                           "weight U1n : 1 x n\nF = trace(Xdd) (Jn1 U1n)\nE := Xnn - F\nL = trace(E^t E) / 2\n"
                           "w = form(E)\n", -1),
+    # (J1n Unn) scaled after the product by trace(2 Xnn), a number of each example: scaled in place,
+    # the row could not take the batch axis (a RuntimeError on a batch)
+    "scaled-by-each-example": ("dim n = 2, d = 1\nconst Xnn : n x n\nconst Jn1 : n x 1 = ones\n"
+                               "const J1n : 1 x n = ones\nweight Unn : n x n\n"
+                               "F = Jn1 (sqrt(1 + (trace(2 Xnn) (J1n Unn)) * (trace(2 Xnn) (J1n Unn))))\n"
+                               "E := Xnn - F\nL = trace(E^t E) / 2\nw = form(E)\n", -1),
 }
 
 

@@ -169,8 +169,10 @@ class Lowering(Products, ModuleWriter):
         return v
 
     def _add(self, op: Op) -> Op:
-        """Append ``op`` to the sweep; its results vary per example when anything it reads does."""
-        if any(v.batched for v in op.values_read() if not v.scalar):
+        """Append ``op`` to the sweep; its results vary per example when anything it reads does (a
+        number of each example too: trace(X) of a batch of X)."""
+        scale = [s for s in op.attrs.get("out_scale", ()) if isinstance(s, Value)]
+        if any(v.batched for v in op.values_read() + scale):
             for v in op.outs:
                 v.batched = True
         return self.sweep.append(op)

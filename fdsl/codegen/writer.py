@@ -146,6 +146,11 @@ class Writer:
         first = [v for v in op.values_read() if v not in [s for s in scale if isinstance(s, Value)]]
         return [(lines[0], first), (lines[1], [op.out] + [s for s in scale if isinstance(s, Value)])]
 
+    @staticmethod
+    def _batched(r) -> bool:
+        """Whether a read may carry a batch axis: its value's, or a number of each example in its scale."""
+        return r.value.batched or any(isinstance(s, Value) and s.batched for s in r.scale)
+
     def _lines(self, op) -> list:
         kind, a = op.kind, op.args
         outs = ", ".join(v.name for v in op.outs)
@@ -231,8 +236,13 @@ class Writer:
             code = helper % tuple(self.read(r) for r in a)
         lines = ["%s = %s" % (outs, code)]
         scale = op.attrs.get("out_scale")
-        if scale:  # scaled after the product, in place: the product's array is its own
-            lines.append("%s *= %s" % (out, " * ".join(self.scalar(s) for s in scale)))
+        if scale:  # scaled after the product, in place: the product's array is its own ...
+            code = " * ".join(self.scalar(s) for s in scale)
+            if any(isinstance(s, Value) and s.batched for s in scale) and not any(
+                    self._batched(r) for r in op.reads()):  # ... unless a number of each example widens it
+                lines.append("%s = %s * %s" % (out, out, code))
+            else:
+                lines.append("%s *= %s" % (out, code))
         return lines
 
     def _sum(self, op) -> list:
@@ -255,9 +265,9 @@ class Writer:
             lines = []
         else:
             lines = [("%s = %s" % (out, joined(terms[:head])), values(terms[:head]))]
-        batched = any(r.value.batched for _, r in terms[:head])
+        batched = any(self._batched(r) for _, r in terms[:head])
         for sign, r in terms[head:]:
-            if r.value.batched and not batched:  # broadcasts to a larger array: not into this one
+            if self._batched(r) and not batched:  # broadcasts to a larger array: not into this one
                 lines.append(("%s = %s %s %s" % (out, out, "-" if sign < 0 else "+", self.read(r)),
                               [op.out] + values([(sign, r)])))
                 batched = True
