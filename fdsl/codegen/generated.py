@@ -6,7 +6,7 @@ outputs      the terms to compute, by name: for gradients, ``G_W^t`` for every w
              form ``w = sum_W trace(G_W d(W))`` (``fdsl.calculus.gradients.gradient_terms``).
 source       a Python module: a docstring naming its origin, the runtime helpers of the target
              (``numpy_runtime``, ``torch_runtime``), and ``grads(values)`` whose body is the
-             lowering's statements (``fdsl.codegen.lowering``); with a loss (``w = form(E)``,
+             lowering's sweep as the writer spells it (``fdsl.codegen.lowering``); with a loss (``w = form(E)``,
              ``L = 1/2 ||E||^2``, or ``w = -d(L)`` for any scalar L: ``gradients.loss_of``),
              ``grads_and_loss`` and, for torch, ``loss``, ``FdslLoss`` and ``Model``.
 compiled     the same source compiled in-process (``compile_gradients``), for ``grad`` and

@@ -1,17 +1,18 @@
-"""The lowering: terms to the statements of one straight-line function, shared work done once.
+"""The lowering: terms to the ops of one straight-line sweep (the statement IR), shared work done once.
 
 Vocabulary
 ----------
 outputs      the terms to compute, by name: for gradients, ``G_W^t`` for every weight W of a normal
              form ``w = sum_W trace(G_W d(W))`` (``gradient_terms``), keyed by printed weight name.
-lowering     the outputs turned into Python source: one statement per distinct computation, in
+lowering     the outputs turned into a sweep of IR ops (``fdsl.codegen.ir``): one op per distinct computation, in
              topological order of the shared term graph of all outputs (looking through ``let``
              bodies), so the forward sweep (X_1, X_2, ...) and the backward sweep (the adjoints
              G_i of ``backprop``) are each done once, whatever number of outputs share them.
 base         a term with its transposes and ``let`` names stripped: ``X_1``, ``X_1^t`` and the body
              of X_1 have one base. Each base is computed once; transposes are views (``.T``).
-ref          how a term is read from the generated variables: a variable, transposed or not; scalar
-             terms are Python floats (literals when they are constants such as ``s = k^(-1/2)``).
+ref          how a term is read from the sweep's values: a value, transposed or not; a scalar term is
+             a scalar operand (a float when it is a constant such as ``s = k^(-1/2)``, a scalar
+             value, a dim's size): a scale is an operand, however the program wrote it.
 word         the matrix factors of a product as (base, transposed) pairs; its scalar factors stand
              apart and are multiplied in last, into the smallest of the two operands of the last
              multiplication or its result.
@@ -39,17 +40,20 @@ side alone varies per example is computed as the transpose of the reversed produ
 is on the left, where torch folds it into one matrix product; on one with ``fused_layernorm``,
 ``layernorm(A)`` keeps its row statistics and ``dlayernorm(A, B)`` is the library's fused backward
 from them. Before any of this, ``fusion.factored`` writes ``F A + F B`` as ``F (A + B)`` where
-``A + B`` is computed anyway, and ``trace(P Q)`` is lowered as the sum of ``P^t o Q``. Products are
-``fdsl.codegen.products`` (a mixin). The statements then go through ``fdsl.codegen.fusion``: a
+``A + B`` is computed anyway, and ``trace(P Q)`` is lowered as the sum of ``P^t o Q`` (``trace(P aa(A,
+B))`` as ``trace(aa(A, P^t)^t B)`` where that aa is computed anyway: a learned temperature's
+gradient). Products are ``fdsl.codegen.products`` (a mixin). The passes then rewrite the sweep
+(``run_passes``; the tests check the IR after each): ``fdsl.codegen.fusion``: a
 weight's gradient summed over the batch inside its last product, sums of products and products
 that share an operand as one product, and (torch) a product of two batches as one ``bmm`` and the
-heads of an attention as one stacked chain; on torch, ``heads`` reads the stacks without
+heads of an attention as one stacked chain (``heads``); on torch, ``heads`` reads the stacks without
 unstacking them and ``kernels`` calls torch's fused kernels (addmm, the affine layer norm and its
 backward, the log-softmax backward); last, ``schedule`` computes every weight's gradient as soon as
 what it reads is known.
 
-The function around these statements and the module around it (imports, the runtime helpers) are
-written by ``fdsl.codegen.writer``; the torch training classes by ``fdsl.codegen.generated``.
+The writer (``fdsl.codegen.writer``) spells the sweep as the function's body, with the function and
+the module around it (imports, the runtime helpers); the torch training classes are
+``fdsl.codegen.generated``'s.
 """
 
 from __future__ import annotations
