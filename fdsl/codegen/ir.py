@@ -175,7 +175,7 @@ class Op:
     def values_read(self) -> list:
         """Every value the op reads (through reads, scales and scalar operands), once each, in order."""
         out: dict = {}
-        for a in self.args:
+        for a in tuple(self.args) + tuple(self.attrs.get("out_scale", ())):  # (a scale after it is read too)
             for v in _values_of(a):
                 out[v] = None
         return list(out)

@@ -124,8 +124,15 @@ def _added_product(sweep: Sweep, op: Op, pos: dict, ctx) -> Optional[dict]:
             continue  # A or B is updated in place between the product and the sum: keep them apart
         out, rest = _head_done_by(op)
         kind = "addmm" if prod.kind == "matmul" else "cat_addmm"
-        return {op: [Op(kind, [out], (x,) + prod.args)] + rest, prod: []}
+        return {op: [Op(kind, [out], (x,) + prod.args, **_unsqueezed(op, prod))] + rest, prod: []}
     return None
+
+
+def _unsqueezed(*ops) -> dict:
+    """The ``unsqueeze`` of ops of a stacked chain that one kernel does: the shared values that
+    take a head axis there (a batch of them must broadcast against the stacks, not the heads)."""
+    values = tuple(dict.fromkeys(v for op in ops for v in op.attrs.get("unsqueeze", ())))
+    return {"unsqueeze": values} if values else {}
 
 
 def added_products(sweep: Sweep, kept: set) -> None:
@@ -160,7 +167,7 @@ def _sum_into(sweep: Sweep, op: Op, pos: dict, kept) -> Optional[dict]:
                 or not _only_reader(sweep, p.value, op, kept):
             continue
         out, rest = _head_done_by(op)
-        return {op: [Op("add_into", [out], (p, z))] + rest}
+        return {op: [Op("add_into", [out], (p, z), **_unsqueezed(op, prod))] + rest}
     return None
 
 

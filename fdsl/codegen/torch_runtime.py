@@ -148,9 +148,16 @@ def _sum_total(x, dim, nb):
     return s * nb if nb else s
 
 
+def _head_axis(x):
+    """A number of each example, (batch, 1, 1), with a head axis, (batch, 1, 1, 1), to scale a stack
+    of heads; a number (one example) as it is."""
+    return x.unsqueeze(-3) if torch.is_tensor(x) else x
+
+
 def _bmm(A, B):
-    """A @ B for two batches of matrices as the one call ``torch.bmm``; otherwise ``@``."""
-    if A.dim() == 3 and B.dim() == 3:
+    """A @ B for two batches of matrices as the one call ``torch.bmm``; otherwise ``@`` (which
+    broadcasts: a stack of heads against a head axis of 1)."""
+    if A.dim() == 3 and B.dim() == 3 and A.shape[0] == B.shape[0]:
         return torch.bmm(A, B)
     return A @ B
 

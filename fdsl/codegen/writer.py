@@ -97,8 +97,8 @@ class Writer:
 
     def scalar(self, s) -> str:
         """A scalar operand: a float, a scalar value, a dim's size."""
-        if isinstance(s, Value):
-            return s.name
+        if isinstance(s, Value):  # (a number of each example read by a stacked op: with a head axis)
+            return "_head_axis(%s)" % s.name if s in self._unsqueeze else s.name
         if isinstance(s, Dim):
             return "float(%s)" % (s.size.name if isinstance(s.size, Value) else s.size)
         return repr(float(s))
@@ -137,6 +137,10 @@ class Writer:
         """(statement, the values it reads) for each statement of ``op``: a value read by the
         first lines of an op and not after is deleted as soon as they are done."""
         self._unsqueeze = set(op.attrs.get("unsqueeze", ()))
+        if any(v.heads for v in op.outs) or any(r.value.heads for r in op.reads()):
+            # a number of each example, (batch, 1, 1), scaling a stack of heads takes a head axis
+            scales = [s for r in op.reads() for s in r.scale] + list(op.attrs.get("out_scale", ()))
+            self._unsqueeze |= {s for s in scales if isinstance(s, Value) and s.scalar and s.batched}
         if op.kind == "sum":
             return self._sum(op)
         lines = self._lines(op)
@@ -265,12 +269,15 @@ class Writer:
             lines = []
         else:
             lines = [("%s = %s" % (out, joined(terms[:head])), values(terms[:head]))]
+        # the leading axes the array has: a batch, a stack of heads
         batched = any(self._batched(r) for _, r in terms[:head])
+        stacked = any(r.value.heads for _, r in terms[:head])
         for sign, r in terms[head:]:
-            if self._batched(r) and not batched:  # broadcasts to a larger array: not into this one
+            if (self._batched(r) and not batched) or (r.value.heads and not stacked):
+                # broadcasts to a larger array: not into this one
                 lines.append(("%s = %s %s %s" % (out, out, "-" if sign < 0 else "+", self.read(r)),
                               [op.out] + values([(sign, r)])))
-                batched = True
+                batched, stacked = batched or self._batched(r), stacked or bool(r.value.heads)
             else:
                 lines.append(("%s %s= %s" % (out, "-" if sign < 0 else "+", self.read(r)),
                               [op.out] + values([(sign, r)])))
