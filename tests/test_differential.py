@@ -316,6 +316,12 @@ IR_FOUND = {
                                "const J1n : 1 x n = ones\nweight Unn : n x n\n"
                                "F = Jn1 (sqrt(1 + (trace(2 Xnn) (J1n Unn)) * (trace(2 Xnn) (J1n Unn))))\n"
                                "E := Xnn - F\nL = trace(E^t E) / 2\nw = form(E)\n", -1),
+    # two weights with one gradient (Udn and Wdn_0 of Und (Udn + Wdn_0)): the second is a copy of
+    # the first, which its product had summed over the batch already; the copy was summed again
+    # (nb times the gradient on a batch; also before the IR)
+    "one-gradient-twice": ("dim n = 1, d = 1\nconst Xnn : n x n\nweight Udn : d x n, Und : n x d\n"
+                           "weight Wdn[i] : d x n\nF = Und (Udn + (Wdn[0]))\nE := Xnn - F\nL = trace(E^t E) / 2\n"
+                           "w = form(E)\n", -1),
 }
 
 

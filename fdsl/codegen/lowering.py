@@ -383,19 +383,20 @@ class Lowering(Products, ModuleWriter):
         results = {}
         inputs = {op.out for op in self.inputs}
         consts = {op.out for op in self.module_consts + self.runtime_consts}
-        handed_out: set = set()
+        handed_out: dict = {}  # value -> whether it is summed over the batch already
         for name, t in self.outputs.items():
             ref = self.ref(t)
             if ref.scalar:
                 results[name] = ("full", ref, self._shape_code(t.shape)[0])
             elif ref.var in consts or ref.var in inputs or ref.var in handed_out:
                 # never hand out a constant, the caller's own array, or one array as two results
-                results[name] = ("copy", ref, False)
+                # (a copy of a gradient summed over the batch in its product is not summed again)
+                results[name] = ("copy", ref, handed_out.get(ref.var, False))
             else:
                 summed = bool(self.batched) and any(
                     f(self.sweep, ref.var) for f in (summed_product, summed_reduction))
                 results[name] = ("plain", ref, summed)
-                handed_out.add(ref.var)
+                handed_out[ref.var] = summed
         returned = {r.var for _, r, _ in results.values() if isinstance(r.var, Value)}
         loss = {self.ref(self.loss).var} if self.loss is not None else set()
         loss = {v for v in loss if isinstance(v, Value)}

@@ -407,7 +407,7 @@ class ModuleWriter:
             code = w.read(ref.read())
             if how == "copy":
                 code = "_copy(%s)" % code
-                return "_total(%s, _nb)" % code if batched else code
+                return "_total(%s, _nb)" % code if batched and not extra else code
             return "_total(%s, _nb)" % code if batched and not extra else code
 
         def returned_value(batched: bool) -> str:
