@@ -16,6 +16,7 @@ method      one way of turning the case into gradient numbers, named in reports:
             ``torch-batch[F]`` the torch target on a batch of two examples (the case's data and
                            a second draw of it), against torch autograd's gradients of each
                            example added (the gradient of the loss summed over the batch),
+            ``code-batch[F]`` the numpy module on the same batch (its pieces, its sums over it),
             ``grad(w)``    what a user gets: ``grad(w)`` in the program (the path of ``fdsl grad``,
                            the repl and ``train``),
             ``torch``      torch autograd of the plain term L (``fdsl.verify.torch_eval``), when
@@ -92,7 +93,7 @@ class Report:
     skipped: list = field(default_factory=list)  # (method, reason)
     checked_fd: int = 0
     refined_fd: int = 0  # weights whose finite difference needed a step below FD_STEPS[0]
-    batch_closeness: dict = field(default_factory=dict)  # torch-batch[F] -> its largest error / scale
+    batch_closeness: dict = field(default_factory=dict)  # torch-batch[F], code-batch[F] -> largest error / scale
 
     @property
     def ok(self) -> bool:
@@ -200,15 +201,18 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
             if not err <= tol * report.scale:  # also catches NaN
                 report.disagreements.append((method, n, err / report.scale))
     if use_torch:
-        _batched_torch(report, torch_grads, L, leaves, values, dims, names, ref, sign, seed, tol, full)
+        numpy_grads = {name: codegen.compile_gradients(nf, dims) for name, nf in nfs.items() if weights(nf)}
+        _batched_torch(report, torch_grads, numpy_grads, L, leaves, values, dims, names, ref, sign, seed, tol,
+                       full)
     if fd:
         _finite_differences(report, L, values, dims, names, ref, sign, seed, fd_tol)
     return report
 
 
-def _batched_torch(report, torch_grads, L, leaves, values, dims, names, ref, sign, seed, tol, full):
-    """``torch-batch[F]`` (see the module doc): skipped where the case has no data, or its second
-    draw has no finite loss or sits at a kink."""
+def _batched_torch(report, torch_grads, numpy_grads, L, leaves, values, dims, names, ref, sign, seed, tol, full):
+    """``torch-batch[F]`` and ``code-batch[F]`` (see the module doc; the numpy module's on the same
+    batch): skipped where the case has no data, or its second draw has no finite loss or sits at
+    a kink."""
     data = [n for n, leaf in leaves.items() if leaf.data[0].kind == "const"]
     if not data or not torch_grads:
         return
@@ -224,9 +228,10 @@ def _batched_torch(report, torch_grads, L, leaves, values, dims, names, ref, sig
     want = {n: ref[n] + float(sign) * tg[n] for n in names}
     scale = max([report.scale] + [float(np.max(np.abs(g))) for g in want.values() if g.size])
     batch = {k: np.stack([values[k], second[k]]) if k in data else v for k, v in values.items()}
-    for name, grads in torch_grads.items():
-        method = "torch-batch[%s]" % name
-        got = full(_torch_code(grads, batch))  # (not among report.gradients: another point)
+    runs = [("torch-batch[%s]" % name, lambda g=grads: _torch_code(g, batch)) for name, grads in torch_grads.items()]
+    runs += [("code-batch[%s]" % name, lambda g=grads: g(batch)) for name, grads in numpy_grads.items()]
+    for method, run in runs:
+        got = full(run())  # (not among report.gradients: another point)
         report.batch_closeness[method] = 0.0
         for n in names:
             err = float(np.max(np.abs(got[n] - want[n]))) if want[n].size else 0.0
