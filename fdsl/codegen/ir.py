@@ -14,9 +14,10 @@ scalar    an operand that is a number: a float literal, a scalar ``Value`` (a sc
 read      ``Read(value, t, scale)``: how an op reads a value: as stored or transposed (``t``), and
           multiplied by a scale (a tuple of scalars; empty: not scaled).
 op        ``Op(kind, outs, args, attrs)``: one step of the sweep. ``kind`` is from the closed table
-          ``KINDS`` (its arity, whether it updates an operand in place); ``outs`` the values it
+          ``KINDS`` (what it does, whether it updates an operand in place); ``outs`` the values it
           makes; ``args`` its operands (reads, scalars; an n-ary op lists them flat and keeps the
-          structure in ``attrs``); ``attrs`` the rest (an axis, an operator's name, signs).
+          structure in ``attrs``); ``attrs`` the rest (an axis, an operator's name, signs, a
+          scale applied after it is made, ``out_scale``, whose scalars it reads too).
 sweep     ``Sweep``: the ordered ops of the generated function with two indexes that every
           change keeps up to date, ``maker`` (value -> the op that makes it) and ``readers``
           (value -> the ops that read it), so a pass finds what it rewrites without scanning.
@@ -26,8 +27,9 @@ check     ``check(sweep)``: single assignment, every read after its value is mad
 
 How each kind is encoded (operands, attributes) and how the writers spell it: ``docs/ir.md``.
 
-Passes rewrite a sweep structurally, pattern against op (``fdsl.codegen.patterns``); only the
-writers (``fdsl.codegen.writer``) spell Python. Anchors: tinygrad's UOps, torch.fx's Graph and
+Passes rewrite a sweep structurally, pattern against op: ``graph_rewrite`` drives rules indexed by
+op kind (tinygrad's ``PatternMatcher``), or a pass walks the sweep once; only the writer
+(``fdsl.codegen.writer``) spells Python. Anchors: tinygrad's UOps, torch.fx's Graph and
 Node (``users`` kept by the graph), JAX's jaxprs and ``typecheck_jaxpr``.
 """
 
@@ -76,9 +78,6 @@ class Dim(NamedTuple):
     size: Union[int, Value]
 
 
-Scalar = Union[float, Value, Dim]
-
-
 class Read(NamedTuple):
     """How an op reads a value: transposed or not, times a scale (see the module doc)."""
 
@@ -88,9 +87,6 @@ class Read(NamedTuple):
 
     def T(self) -> "Read":
         return self if self.value.scalar else self._replace(t=not self.t)
-
-    def scaled(self, *factors) -> "Read":
-        return self._replace(scale=self.scale + tuple(factors))
 
     @property
     def shape(self):
