@@ -31,13 +31,17 @@ held        a connection is given ``REQUEST_TIMEOUT`` seconds for each request, 
 from __future__ import annotations
 
 import hmac
+import html
 import io
 import ipaddress
 import json
 import mimetypes
+import os
 import re
 import secrets
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from http import HTTPStatus
@@ -86,6 +90,7 @@ BUSY = _raw_answer(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections are ope
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 64  # connections waiting to be accepted: each is then answered, 503 past the bound
 
     def __init__(self, address, options: Options, token: str | None = None):
         self.token = token or secrets.token_urlsafe(24)
@@ -228,6 +233,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- answers
     def send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = "HTTP/1.1"  # HTTP/0.9 has no status line and no headers: answered in 1.1
         self.send_response(status)
         for name, value in HEADERS.items():
             self.send_header(name, value)
@@ -345,6 +352,21 @@ class Handler(BaseHTTPRequestHandler):
         return self.refuse(HTTPStatus.NOT_FOUND, "no such call")
 
 
+def redirect_file(url: str) -> Path:
+    """A page that sends the browser on to URL, in a new folder readable by this user alone (as
+    Jupyter's ``use_redirect_file``): the browser's command line, which any local user can read in
+    /proc, then names this file, not the token."""
+    folder = Path(tempfile.mkdtemp(prefix="fdsl-serve-"))  # mode 0700
+    path = folder / "open.html"
+    link = html.escape(url, quote=True)
+    page = ('<!DOCTYPE html>\n<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url=%s">'
+            '<title>fdsl serve</title></head>\n<body><p><a href="%s">fdsl serve</a></p></body></html>\n' % (link, link))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(page)
+    return path
+
+
 def serve(options: Options, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False,
           out=None, err=None) -> None:
     """Serve until interrupted; print the URL (with its token) first."""
@@ -355,6 +377,7 @@ def serve(options: Options, host: str = "127.0.0.1", port: int = 8765, open_brow
     threading.stack_size(HANDLER_STACK)
     sys.setrecursionlimit(SERVER_RECURSION)
     server = Server((host, port), options)
+    redirect = None
     try:
         if host not in ("127.0.0.1", "localhost", "::1"):
             err.write("fdsl serve: warning: listening on %s, not only on this machine (127.0.0.1): anyone who "
@@ -365,9 +388,12 @@ def serve(options: Options, host: str = "127.0.0.1", port: int = 8765, open_brow
         if open_browser:
             import webbrowser
 
-            webbrowser.open(server.url)
+            redirect = redirect_file(server.url)
+            webbrowser.open(redirect.as_uri())
         server.serve_forever(poll_interval=0.25)
     finally:
         server.server_close()
+        if redirect is not None:
+            shutil.rmtree(redirect.parent, ignore_errors=True)
         threading.stack_size(stack)
         sys.setrecursionlimit(recursion)
