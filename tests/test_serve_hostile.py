@@ -255,6 +255,29 @@ def test_a_worker_that_cannot_start_is_reported_on_every_request():
         pool.close_all()
 
 
+def test_a_sessions_folder_holds_at_most_its_quota():
+    """--disk-limit 20: a file of 32 MB fails as it is written; three of 8 MB fill the folder, and
+    the fourth is refused before it is opened. The session goes on."""
+    s = Served("--disk-limit", "20")
+    try:
+        sid = s.post("api/session", {})[1]["id"]
+
+        def run(text):
+            return s.post("api/run", {"id": sid, "input": text})[1]
+
+        for line in ("dim n = 1000, m = 2000", "const A : n x n, B : m x m", "random 0"):
+            assert run(line)["ok"]
+        reply = run('save "b.npz" B')
+        assert not reply["ok"] and "File too large" in str(reply["items"]), reply
+        for name in ("a1", "a2", "a3"):
+            assert run('save "%s.npz" A' % name)["ok"]
+        reply = run('save "a4.npz" A')
+        assert not reply["ok"] and "holds its quota of 20 MiB" in str(reply["items"]), reply
+        assert run("1 + 1")["ok"]
+    finally:
+        s.stop()
+
+
 # ---- --open
 
 
@@ -291,7 +314,8 @@ def test_open_puts_no_token_on_the_browsers_command_line(tmp_path):
     (["--memory-limit", "0"], "--memory-limit: must be at least"), (["--memory-limit", "-5"], "--memory-limit"),
     (["--memory-limit", "1"], "--memory-limit: must be at least 1024 MiB"),
     (["--memory-limit", "1e9"], "--memory-limit: '1e9' is not a whole number"),
-    (["--request-timeout", "0"], "--request-timeout: must be a positive")])
+    (["--request-timeout", "0"], "--request-timeout: must be a positive"),
+    (["--disk-limit", "0"], "--disk-limit: must be at least 1")])
 def test_a_limit_option_out_of_range_is_a_usage_error(run_fdsl, args, what):
     r = run_fdsl("serve", *args, timeout=60)
     assert r.returncode == 2 and what in r.stderr and "Traceback" not in r.stderr, r.stderr

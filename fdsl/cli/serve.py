@@ -7,7 +7,7 @@ import errno
 import socket
 
 from ..base.errors import FdslError
-from .common import add_limit_options, positive_seconds
+from .common import add_limit_options, positive_int, positive_seconds
 
 # a session's process needs about 800 MiB of address space to start (Python, numpy, OpenBLAS and
 # the deep stack of its evaluating thread); less and every session would fail to start
@@ -43,7 +43,7 @@ def _cmd_serve(args) -> int:
         read_source(args.file, "file")  # a missing or unreadable FILE is an error here, not in the page
     options = Options(args.file, step_limit=args.step_limit, size_limit=args.size_limit,
                       time_limit=args.time_limit, memory_limit=args.memory_limit,
-                      request_timeout=args.request_timeout)
+                      request_timeout=args.request_timeout, disk_limit=args.disk_limit)
     try:
         serve(options, host=args.host, port=args.port, open_browser=args.open)
     except OSError as e:
@@ -75,6 +75,9 @@ def register(sub):
     p.add_argument("--memory-limit", type=_memory_mib, metavar="MiB",
                    help="address space of each session's process, in MiB, at least %d (default: the memory "
                    "budget of fdsl run)" % MIN_MEMORY_MIB)
+    p.add_argument("--disk-limit", type=positive_int, default=1024, metavar="MiB",
+                   help="MiB a session's folder may hold (default 1024): no file is opened for writing past it, "
+                   "and no file grows past it")
     p.add_argument("--request-timeout", type=positive_seconds, default=10.0, metavar="SECONDS",
                    help="seconds a client has to send one whole request (default 10); a slower one is cut off")
     p.set_defaults(func=_cmd_serve)

@@ -41,10 +41,11 @@ MAX_SESSIONS = 16  # past this, the session used least recently is closed
 
 class Options:
     def __init__(self, file=None, step_limit=None, size_limit=None, time_limit=60.0, memory_limit=None,
-                 request_timeout=None):
+                 request_timeout=None, disk_limit=None):
         self.file = str(Path(file).resolve()) if file else None
         self.step_limit, self.size_limit = step_limit, size_limit
         self.time_limit, self.memory_limit = time_limit, memory_limit
+        self.disk_limit = disk_limit  # MiB a session's folder may hold
         self.request_timeout = request_timeout  # seconds a client has for one request (None: the server's default)
 
 
@@ -70,7 +71,8 @@ class Worker:
         o = self.options
         cmd = [sys.executable, "-m", "fdsl.serve.worker", "--own", str(self.folder)]
         for flag, value in (("--file", o.file), ("--step-limit", o.step_limit), ("--size-limit", o.size_limit),
-                            ("--time-limit", o.time_limit), ("--memory-limit", o.memory_limit)):
+                            ("--time-limit", o.time_limit), ("--memory-limit", o.memory_limit),
+                            ("--disk-limit", o.disk_limit)):
             if value is not None:
                 cmd += [flag, str(value)]
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", FDSL_PROGRESS="0")
