@@ -9,6 +9,9 @@ readable     the own folder, the folder of the FILE given to ``fdsl serve``, and
              is made of: the grammar and the stdlib, the Python installation and its packages.
 refused      an open (or rename, remove, mkdir, ...) outside these raises PermissionError, which the
              session reports like any file error; the worker goes on.
+quota        bytes the own folder may hold: a file is opened for writing only while the folder holds
+             less, and the worker's RLIMIT_FSIZE caps each file at the same size (a write past it
+             fails with EFBIG), so the folder never holds more than twice the quota.
 
 fdsl programs are never Python, so the hook is not a sandbox against Python code: it confines
 what the language's statements and functions do with the paths a person types (``save
@@ -47,8 +50,20 @@ class Refused(PermissionError):
     pass
 
 
-def install(own: str, readable) -> None:
-    """Confine this process: writes inside ``own`` only, reads inside ``own`` and ``readable``."""
+def folder_bytes(folder: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def install(own: str, readable, quota: int | None = None) -> None:
+    """Confine this process: writes inside ``own`` only, reads inside ``own`` and ``readable``;
+    no file opened for writing once ``own`` holds ``quota`` bytes."""
     own = _real(own)
     write_roots = (own,)
     read_roots = tuple(sorted({own} | {_real(r) for r in readable if r}))
@@ -75,6 +90,9 @@ def install(own: str, readable) -> None:
             if writing:
                 if not inside(real, write_roots):
                     refuse(path, "write")
+                if quota is not None and folder_bytes(own) >= quota:
+                    raise Refused(122, "fdsl serve: the session's folder holds its quota of %d MiB "
+                                  "already (fdsl serve --disk-limit)" % (quota >> 20), os.fspath(path))
             elif real not in _READABLE_FILES and not inside(real, read_roots):
                 refuse(path, "read")
         elif event in _WRITE_EVENTS and args:

@@ -16,15 +16,34 @@ calls       ``POST TOKEN/api/session`` (a new session: its id and FILE's output)
             ``{"id", "input"}``, ``api/stop``, ``api/reset``, ``api/help``, ``api/close``.
 CSP         scripts and styles from this server only, no inline script, no eval, nothing loaded
             from elsewhere; inline style attributes are allowed because KaTeX positions with them.
+host        the ``Host`` a request names must be this server (an address, ``localhost`` or the
+            ``--host`` name, with its port): a page of another site whose name was made to point
+            here (DNS rebinding) is refused; an ``Origin``, where a browser sends one, must be the
+            page's own.
+held        a connection is given ``REQUEST_TIMEOUT`` seconds for each request, from waiting for
+            its first byte to the last byte of its body (a slow or silent client is then cut off,
+            with 408 if it had begun); at most ``MAX_CONNECTIONS`` are open at once, and one more
+            gets 503 at once. Handler threads have an ordinary stack (``HANDLER_STACK``): the deep
+            stack that term walks need is the workers', so idle connections cannot use up the
+            address space of a server under ``ulimit -v``.
 """
 
 from __future__ import annotations
 
 import hmac
+import html
+import io
+import ipaddress
 import json
 import mimetypes
+import os
+import re
 import secrets
+import shutil
 import sys
+import tempfile
+import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +54,10 @@ from .sessions import Options, Sessions
 STATIC = Path(__file__).resolve().parent / "static"
 MAX_BODY = 64 * 1024  # bytes: a command is a line or a few, not a file
 MAX_INPUT = 16 * 1024  # characters of one command
+REQUEST_TIMEOUT = 10.0  # seconds a client has for one request (line, headers and body), and to take an answer
+MAX_CONNECTIONS = 32  # open at once; a browser opens about six to one server
+HANDLER_STACK = 4 * 1024 * 1024  # bytes: a handler parses a small JSON body and waits on a pipe
+SERVER_RECURSION = 1000  # Python's default: the server walks no terms (a nested JSON body stops here)
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
        "img-src 'self' data:; font-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; "
@@ -51,14 +74,83 @@ TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf
          ".svg": "image/svg+xml"}
 
 
+def _raw_answer(status: int, text: str) -> bytes:
+    """A whole HTTP answer, for a connection that has no handler (503) or no request (408)."""
+    body = ("%d: %s\n" % (status, text)).encode("utf-8")
+    head = ["HTTP/1.1 %d %s" % (status, HTTPStatus(status).phrase), "Connection: close",
+            "Content-Type: text/plain; charset=utf-8", "Content-Length: %d" % len(body)]
+    head += ["%s: %s" % item for item in HEADERS.items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
+
+
+# a Host header: a name or an IPv4 address, or an IPv6 address in brackets, and a port
+HOST = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+BUSY = _raw_answer(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections are open to this fdsl serve; try again")
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 64  # connections waiting to be accepted: each is then answered, 503 past the bound
 
     def __init__(self, address, options: Options, token: str | None = None):
         self.token = token or secrets.token_urlsafe(24)
         self.sessions = Sessions(options)
         self.options = options
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, Handler)
+        host = address[0].strip("[]").lower()
+        port = self.server_address[1]
+        # the names a request's Host may give: any address (a browser that reached us by address
+        # came here), localhost, and the --host name; a name of someone else's domain is refused
+        self.host_names = {"localhost", host}
+        self.port = port
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):  # full: answered at once, from this thread
+            try:
+                request.settimeout(1.0)
+                request.sendall(BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # the thread could not start: its slot is free again
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address):
+        kind, e = sys.exc_info()[:2]
+        if isinstance(e, (MemoryError, RuntimeError, OSError)):  # no thread, memory or socket to be had
+            sys.stderr.write("fdsl serve: a connection was dropped: %s\n" % (e,))
+        else:
+            super().handle_error(request, client_address)
+
+    def host_ok(self, value) -> bool:
+        """Whether a request's Host names this server (see *host* above)."""
+        if not value or not HOST.fullmatch(value):
+            return False
+        try:
+            split = urlsplit("//" + value)
+            name, port = (split.hostname or ""), split.port
+        except ValueError:
+            return False
+        if (port or 80) != self.port:
+            return False
+        if name in self.host_names:
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
 
     @property
     def url(self) -> str:
@@ -71,14 +163,78 @@ class Server(ThreadingHTTPServer):
         self.sessions.close_all()
 
 
+class _Deadline(io.RawIOBase):
+    """A connection's reads, each allowed only what is left of its request's time."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.deadline = time.monotonic() + REQUEST_TIMEOUT
+        self.got = 0  # bytes of the present request
+        self.timed_out = False
+
+    def begin(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.got = 0
+        self.timed_out = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError("the request took too long")
+            self.sock.settimeout(left)
+            n = self.sock.recv_into(buffer)
+        except TimeoutError:
+            self.timed_out = True
+            raise
+        self.got += n
+        return n
+
+
 class Handler(BaseHTTPRequestHandler):
     server: Server
     server_version = "fdsl"
     sys_version = ""
     protocol_version = "HTTP/1.1"
 
+    # ---- the connection: every read within the request's time
+    def setup(self) -> None:
+        super().setup()
+        self.reader = _Deadline(self.connection)
+        self.rfile = io.BufferedReader(self.reader)
+
+    def handle_one_request(self) -> None:
+        timeout = self.server.options.request_timeout or REQUEST_TIMEOUT
+        self.reader.begin(timeout)
+        super().handle_one_request()  # a TimeoutError there closes the connection
+        if self.reader.timed_out and self.reader.got:
+            try:  # it had begun a request: say why it is cut off
+                self.connection.settimeout(1.0)
+                self.connection.sendall(_raw_answer(HTTPStatus.REQUEST_TIMEOUT, "a request must arrive whole "
+                                                    "within %g s" % timeout))
+            except OSError:
+                pass
+
+    def end_headers(self) -> None:
+        # an answer is written within the request's time again, whatever the reads left of it
+        self.connection.settimeout(self.server.options.request_timeout or REQUEST_TIMEOUT)
+        super().end_headers()
+
+    def send_error(self, code, message=None, explain=None) -> None:
+        """The standard library's malformed-request answers (400, 414, 431, 501), with our headers."""
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "error"
+        self.refuse(code, message or phrase)
+
     # ---- answers
     def send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = "HTTP/1.1"  # HTTP/0.9 has no status line and no headers: answered in 1.1
         self.send_response(status)
         for name, value in HEADERS.items():
             self.send_header(name, value)
@@ -98,9 +254,18 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args) -> None:
         pass  # the request line carries the token: nothing is logged
 
-    # ---- the token
+    # ---- the host, the origin and the token
     def route(self):
         """The path after the token, or None (then 403 has been sent)."""
+        host = self.headers.get("Host")
+        if not self.server.host_ok(host):
+            self.refuse(HTTPStatus.FORBIDDEN, "this fdsl serve answers only requests for its own address "
+                        "(127.0.0.1 or localhost, port %d)" % self.server.port)
+            return None
+        origin = self.headers.get("Origin")
+        if origin is not None and origin.lower() != "http://" + host.lower():
+            self.refuse(HTTPStatus.FORBIDDEN, "this fdsl serve answers only its own page")
+            return None
         path = urlsplit(self.path).path
         parts = path.split("/", 2)  # '', TOKEN, rest
         given = parts[1] if len(parts) > 1 else ""
@@ -137,15 +302,26 @@ class Handler(BaseHTTPRequestHandler):
         if rest is None:
             return
         length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            return self.refuse(HTTPStatus.LENGTH_REQUIRED, "a request needs its Content-Length")
+        if self.headers.get("Transfer-Encoding") is not None or length is None:
+            return self.refuse(HTTPStatus.LENGTH_REQUIRED, "a request needs its Content-Length (and no "
+                               "Transfer-Encoding)")
+        if not re.fullmatch(r"[0-9]{1,12}", length.strip()):  # ASCII digits only: not '²', not 5,000 of them
+            return self.refuse(HTTPStatus.BAD_REQUEST, "Content-Length is a number of bytes")
         if int(length) > MAX_BODY:
             return self.refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "a request may have %d bytes at most" % MAX_BODY)
         try:
-            body = json.loads(self.rfile.read(int(length)) or b"{}")
+            data = self.rfile.read(int(length))
+        except TimeoutError:
+            self.reader.timed_out = False  # answered here
+            return self.refuse(HTTPStatus.REQUEST_TIMEOUT, "the request's body did not arrive within %g s"
+                               % (self.server.options.request_timeout or REQUEST_TIMEOUT))
+        if len(data) < int(length):
+            return self.refuse(HTTPStatus.BAD_REQUEST, "the request's body is shorter than its Content-Length")
+        try:
+            body = json.loads(data or b"{}")
             if not isinstance(body, dict):
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):
             return self.refuse(HTTPStatus.BAD_REQUEST, "a request is a JSON object")
         sessions = self.server.sessions
         if rest == "/api/session":
@@ -176,11 +352,32 @@ class Handler(BaseHTTPRequestHandler):
         return self.refuse(HTTPStatus.NOT_FOUND, "no such call")
 
 
+def redirect_file(url: str) -> Path:
+    """A page that sends the browser on to URL, in a new folder readable by this user alone (as
+    Jupyter's ``use_redirect_file``): the browser's command line, which any local user can read in
+    /proc, then names this file, not the token."""
+    folder = Path(tempfile.mkdtemp(prefix="fdsl-serve-"))  # mode 0700
+    path = folder / "open.html"
+    link = html.escape(url, quote=True)
+    page = ('<!DOCTYPE html>\n<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url=%s">'
+            '<title>fdsl serve</title></head>\n<body><p><a href="%s">fdsl serve</a></p></body></html>\n' % (link, link))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(page)
+    return path
+
+
 def serve(options: Options, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False,
           out=None, err=None) -> None:
     """Serve until interrupted; print the URL (with its token) first."""
     out, err = out or sys.stdout, err or sys.stderr
+    # process-wide, restored after: handler threads get an ordinary stack and recursion limit (the
+    # command line set deep ones for term walks, which happen only in the workers)
+    stack, recursion = threading.stack_size(), sys.getrecursionlimit()
+    threading.stack_size(HANDLER_STACK)
+    sys.setrecursionlimit(SERVER_RECURSION)
     server = Server((host, port), options)
+    redirect = None
     try:
         if host not in ("127.0.0.1", "localhost", "::1"):
             err.write("fdsl serve: warning: listening on %s, not only on this machine (127.0.0.1): anyone who "
@@ -191,7 +388,12 @@ def serve(options: Options, host: str = "127.0.0.1", port: int = 8765, open_brow
         if open_browser:
             import webbrowser
 
-            webbrowser.open(server.url)
+            redirect = redirect_file(server.url)
+            webbrowser.open(redirect.as_uri())
         server.serve_forever(poll_interval=0.25)
     finally:
         server.server_close()
+        if redirect is not None:
+            shutil.rmtree(redirect.parent, ignore_errors=True)
+        threading.stack_size(stack)
+        sys.setrecursionlimit(recursion)

@@ -10,7 +10,12 @@ time limit  seconds one command may run. Past it the worker is interrupted (SIGI
             says so. Stop (the page's button) does the same at once.
 ended       a worker that exits on its own (killed for memory by the system, or a bug) is started
             afresh on the next request, with a reply that says what happened: the server, and the
-            other sessions, go on.
+            other sessions, go on. A worker that cannot start (a memory limit too small for Python)
+            is reported on every request, never written to.
+closed      a session closed by its page, or evicted when more than ``MAX_SESSIONS`` are open: its
+            worker is killed and none is ever started for it again, whatever request was running
+            (so a server has at most one worker per live session). A session with a request under
+            way is evicted only when every session has one.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ MAX_SESSIONS = 16  # past this, the session used least recently is closed
 
 
 class Options:
-    def __init__(self, file=None, step_limit=None, size_limit=None, time_limit=60.0, memory_limit=None):
+    def __init__(self, file=None, step_limit=None, size_limit=None, time_limit=60.0, memory_limit=None,
+                 request_timeout=None, disk_limit=None):
         self.file = str(Path(file).resolve()) if file else None
         self.step_limit, self.size_limit = step_limit, size_limit
         self.time_limit, self.memory_limit = time_limit, memory_limit
+        self.disk_limit = disk_limit  # MiB a session's folder may hold
+        self.request_timeout = request_timeout  # seconds a client has for one request (None: the server's default)
 
 
 class Worker:
@@ -52,28 +60,49 @@ class Worker:
         self.serial = 0  # requests sent: Stop's kill is for the request it stopped, not a later one
         self.used = time.monotonic()
         self.proc: Optional[subprocess.Popen] = None
-        self.first: list = []
+        self.closed = False  # set once, by close(): no worker is started after it
+        self.guard = threading.Lock()  # proc and closed; held for moments, never while waiting on the worker
 
     def start(self) -> list:
         """Start the worker; the items of loading FILE."""
+        if self.closed:
+            return [error(CLOSED)]
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         o = self.options
         cmd = [sys.executable, "-m", "fdsl.serve.worker", "--own", str(self.folder)]
         for flag, value in (("--file", o.file), ("--step-limit", o.step_limit), ("--size-limit", o.size_limit),
-                            ("--time-limit", o.time_limit), ("--memory-limit", o.memory_limit)):
+                            ("--time-limit", o.time_limit), ("--memory-limit", o.memory_limit),
+                            ("--disk-limit", o.disk_limit)):
             if value is not None:
                 cmd += [flag, str(value)]
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", FDSL_PROGRESS="0")
         # a session of its own: Ctrl-C in the server's terminal is the server's, not the workers'
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     encoding="utf-8", start_new_session=True, env=env)
-        self.replies: queue.Queue = queue.Queue()
+        with self.guard:
+            if self.closed:  # closed while it was being started
+                return [error(CLOSED)]
+            try:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.DEVNULL, encoding="utf-8", start_new_session=True,
+                                             env=env)
+            except OSError as e:  # no process to be had (a process or memory limit of the server's)
+                self.proc = None
+                return [error("the session could not start: %s" % (e.strerror or e))]
+            self.replies: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, args=(self.proc, self.replies), daemon=True).start()
-        reply = self._receive(START_LIMIT)
+        try:
+            reply = self._receive(START_LIMIT)
+        except TimeoutError:
+            reply = None
         if reply is None:
+            why = self.ended() if self.proc.poll() is not None else "took more than %d s" % START_LIMIT
             self.kill()
-            return [error("the session could not start (its worker ended or took more than %d s)" % START_LIMIT)]
+            limit = self.options.memory_limit
+            hint = " (--memory-limit %d MiB may be too small)" % limit if limit and not self.closed else ""
+            return [error("the session could not start: %s%s" % (why, hint))]
         return reply.get("items", [])
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     @staticmethod
     def _read(proc, replies) -> None:
@@ -94,35 +123,43 @@ class Worker:
         """Send one request and wait for its reply, within the time limit."""
         with self.lock:
             self.used = time.monotonic()
-            if self.proc is None or self.proc.poll() is not None:
-                items = self.restart("the session had ended")
-                if message.get("op") == "reset":
-                    return {"items": items, "ok": True}
+            notes: list = []
+            if not self.running():
+                notes = self.restart("the session had ended")
+                if message.get("op") == "reset" or not self.running():  # reset done, or it cannot start
+                    return {"items": notes, "ok": message.get("op") == "reset" and self.running()}
             self.busy = True
             self.serial += 1
             try:
-                self.proc.stdin.write(json.dumps(message) + "\n")
-                self.proc.stdin.flush()
-                try:
-                    reply = self._receive(time_limit if time_limit else 1e9)
-                except TimeoutError:
-                    self.interrupt()
-                    try:
-                        reply = self._receive(GRACE)
-                    except TimeoutError:
-                        reply = None
-                    note = "stopped: the command ran past the time limit of %g s (fdsl serve --time-limit)" % time_limit
-                    if reply is None:
-                        return {"items": [error(note)] + self.restart("it did not stop"), "ok": False}
-                    reply.setdefault("items", []).append(error(note))
-                    return reply
-                if reply is None:
-                    return {"items": self.restart(self.ended()), "ok": False}
-                return reply
-            except (BrokenPipeError, OSError):
-                return {"items": self.restart(self.ended()), "ok": False}
+                reply = self._request(message, time_limit)
             finally:
                 self.busy = False
+            if notes and "items" in reply:  # the note that it was started afresh comes first
+                reply["items"] = notes + reply["items"]
+            return reply
+
+    def _request(self, message: dict, time_limit: Optional[float]) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+            try:
+                reply = self._receive(time_limit if time_limit else 1e9)
+            except TimeoutError:
+                self.interrupt()
+                try:
+                    reply = self._receive(GRACE)
+                except TimeoutError:
+                    reply = None
+                note = "stopped: the command ran past the time limit of %g s (fdsl serve --time-limit)" % time_limit
+                if reply is None:
+                    return {"items": [error(note)] + self.restart("it did not stop"), "ok": False}
+                reply.setdefault("items", []).append(error(note))
+                return reply
+            if reply is None:
+                return {"items": self.restart(self.ended()), "ok": False}
+            return reply
+        except (OSError, ValueError):  # a broken pipe, or the pipe closed by close()
+            return {"items": self.restart(self.ended()), "ok": False}
 
     def ended(self) -> str:
         code = self.proc.poll() if self.proc else None
@@ -135,6 +172,8 @@ class Worker:
 
     def restart(self, why: str) -> list:
         self.kill()
+        if self.closed:
+            return [error(CLOSED)]
         items = self.start()
         return [error("the session was started afresh: %s; its definitions are gone%s"
                       % (why, " (the program was loaded again)" if self.options.file else ""))] + items
@@ -161,15 +200,27 @@ class Worker:
         threading.Thread(target=later, daemon=True).start()
 
     def kill(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            for stream in (self.proc.stdin, self.proc.stdout):
+        with self.guard:
+            proc = self.proc
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
                 try:
                     stream.close()
-                except OSError:
+                except (OSError, ValueError):
                     pass
+
+    def close(self) -> None:
+        """End the worker for good: no request, however it ends, starts another."""
+        with self.guard:
+            self.closed = True
+        self.kill()
+
+
+CLOSED = "the session was closed (the page was left, or more than %d sessions were open): reload the page" \
+    % MAX_SESSIONS
 
 
 def error(text: str) -> dict:
@@ -188,12 +239,15 @@ class Sessions:
     def open(self) -> tuple:
         sid = secrets.token_urlsafe(16)
         worker = Worker(self.options, Path(tempfile.mkdtemp(prefix="fdsl-session-")))
-        with self.lock:
-            self.sessions[sid] = worker
-            while len(self.sessions) > MAX_SESSIONS:
-                oldest = min(self.sessions, key=lambda k: self.sessions[k].used)
-                self._close(oldest)
-        return sid, worker.start()
+        with worker.lock:  # a session being started counts as busy
+            with self.lock:
+                self.sessions[sid] = worker
+                while len(self.sessions) > MAX_SESSIONS:
+                    # the least recently used of those without a request under way, if any
+                    others = [k for k in self.sessions if k != sid]
+                    oldest = min(others, key=lambda k: (self.sessions[k].lock.locked(), self.sessions[k].used))
+                    self._close(oldest)
+            return sid, worker.start()
 
     def get(self, sid) -> Optional[Worker]:
         with self.lock:
@@ -206,7 +260,7 @@ class Sessions:
     def _close(self, sid) -> None:
         worker = self.sessions.pop(sid, None)
         if worker is not None:
-            worker.kill()
+            worker.close()
             shutil.rmtree(worker.folder, ignore_errors=True)
 
     def close_all(self) -> None:

@@ -207,7 +207,7 @@ class Worker:
         return {"items": items, "ok": ok, "seconds": round(time.perf_counter() - started, 3)}
 
 
-def prepare(own: Path, file: Optional[str]) -> None:
+def prepare(own: Path, file: Optional[str], quota: Optional[int] = None) -> None:
     """Import what a session may need before the confinement begins, and confine."""
     from .. import compose  # noqa: F401  (the language's functions and statements)
     from ..lang.program import Program
@@ -221,7 +221,7 @@ def prepare(own: Path, file: Optional[str]) -> None:
                 str(stdlib_dir())] + confine.python_roots()
     if file:
         readable.append(str(Path(file).expanduser().resolve().parent))
-    confine.install(str(own), readable)
+    confine.install(str(own), readable, quota)
 
 
 def main(argv=None) -> int:
@@ -233,6 +233,7 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit", type=float, help="seconds one command may run: also what a training run "
                    "or a solve may be estimated to take")
     p.add_argument("--memory-limit", type=int, help="MiB of address space")
+    p.add_argument("--disk-limit", type=int, help="MiB the session's folder may hold (and each file in it)")
     args = p.parse_args(argv)
 
     # the protocol channel is the original stdout; print() and libraries write to stderr
@@ -250,6 +251,12 @@ def main(argv=None) -> int:
 
         limit = args.memory_limit * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    quota = args.disk_limit * 1024 * 1024 if args.disk_limit else None
+    if quota:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails (EFBIG), not the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (quota, quota))
     sys.setrecursionlimit(_RECURSION_LIMIT)
     threading.stack_size(_STACK_BYTES)
 
@@ -262,7 +269,7 @@ def main(argv=None) -> int:
 
     def serve():
         try:
-            prepare(own, args.file)
+            prepare(own, args.file, quota)
             worker = Worker(args)
             worker_box.append(worker)
             reply({"items": worker.start(), "ok": True})
