@@ -477,10 +477,12 @@ def _ids(values, name, rows, vocab, device):
         name, vocab)
     if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
         if x.dim() >= 2 and x.shape[-1] == vocab:
-            raise ValueError("%s is a matrix of shape %s, where ids are declared (%s)" % (name, tuple(x.shape), declared))
+            raise ValueError("%s is a matrix of shape %s, where ids are declared (%s)"
+                             % (name, tuple(x.shape), declared))
         raise ValueError("%s holds %s, not integer ids (%s)" % (name, x.dtype, declared))
     if x.dim() not in (1, 2) or (rows is not None and x.shape[-1] != rows):
-        raise ValueError("%s has shape %s, not (%s,) or (batch, %s) (%s)" % (name, tuple(x.shape), rows, rows, declared))
+        raise ValueError("%s has shape %s, not (%s,) or (batch, %s) (%s)"
+                         % (name, tuple(x.shape), rows, rows, declared))
     bad = (x < 0) | (x >= vocab)
     if bool(bad.any()):
         at = tuple(int(i) for i in bad.nonzero()[0])

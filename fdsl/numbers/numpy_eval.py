@@ -386,7 +386,8 @@ def conform_ids(name: str, array, shape, dims: dict, origin: dict, where: str = 
     except Exception:
         raise FdslError("the value of %s%s is not an array of ids (%s)" % (name, where, declared)) from None
     size = dims.get(vocab) if isinstance(vocab, str) else vocab
-    if array.ndim >= 2 and size is not None and array.shape[-1] == size and array.shape[-2] in (dims.get(rows, rows), None):
+    known_rows = dims.get(rows, rows) if isinstance(rows, str) else rows
+    if array.ndim >= 2 and size is not None and array.shape[-1] == size and array.shape[-2] in (known_rows, None):
         raise FdslError("the value of %s%s is a matrix of shape %s, where ids are declared: %s (the one-hot "
                         "matrix's ids are its argmax along the rows)" % (name, where, shape_str(array.shape), declared))
     if array.dtype.kind not in "iu":
