@@ -91,14 +91,14 @@ class OneHot:
         return None
 
     def _onehot_trace(self, word) -> Optional[tuple]:
-        """``trace(P Q)`` with P or Q a onehot constant X as the sum of the entries of the other
-        factor at the ids (``pick_sum``), or None. trace(P Q) is the sum of P^t o Q: with X^t
-        first or X second, the other factor is read as it is written transposed, and with X first
-        or X^t second, as written. (the read of the ids, the other factor's ref), or None."""
+        """(the read of the ids, the other factor's ref) of ``trace(P Q)`` with P or Q a onehot
+        constant X, the sum of the other factor's entries at the ids (``pick_sum``); else None.
+        trace(P Q) is the sum of P^t o Q, so the other factor is read as written beside X^t (first
+        or second: trace(X^t A), trace(A X^t)), and transposed beside X."""
         for i, (x, f) in enumerate(word):
             if is_onehot(x) and not is_onehot(word[1 - i][0]):
                 other = self._factor(word[1 - i])
-                partner = other if (i == 0) == f else other.t()
+                partner = other if f else other.t()
                 return Read(self.refs[x].var), partner
         return None
 
