@@ -190,3 +190,12 @@ def test_running_the_flows_example_leaves_the_checkout_unmodified(run_fdsl):
     assert r.returncode == 0, r.stderr
     after = subprocess.run(["git", "status", "--porcelain", "examples"], cwd=ROOT, capture_output=True, text=True)
     assert after.stdout == git.stdout
+
+
+def test_the_onehot_example_and_its_output_are_real():
+    program = (ROOT / "examples" / "onehot.fd").read_text()
+    i = next(i for i, b in enumerate(BLOCKS) if b.strip() == program.split("\n", 1)[1].strip())
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/onehot.fd"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == BLOCKS[i + 1]
