@@ -43,13 +43,19 @@ def test_every_example_named_in_the_readme_exists():
         assert (ROOT / name).exists(), name
 
 
-def test_the_elementwise_example_and_its_output_are_real():
-    program = (ROOT / "examples" / "elementwise.fd").read_text()
+def _shown_with_its_output(example: str) -> None:
+    """The README shows ``example`` (without its first comment line), and after it what ``fdsl
+    run`` prints."""
+    program = (ROOT / "examples" / example).read_text()
     i = next(i for i, b in enumerate(BLOCKS) if b.strip() == program.split("\n", 1)[1].strip())
-    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/elementwise.fd"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "fdsl.cli", "run", "examples/" + example], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == BLOCKS[i + 1]
+
+
+def test_the_elementwise_example_and_its_output_are_real():
+    _shown_with_its_output("elementwise.fd")
 
 
 def test_the_gpt_example_its_output_and_its_training_are_real():
@@ -190,3 +196,7 @@ def test_running_the_flows_example_leaves_the_checkout_unmodified(run_fdsl):
     assert r.returncode == 0, r.stderr
     after = subprocess.run(["git", "status", "--porcelain", "examples"], cwd=ROOT, capture_output=True, text=True)
     assert after.stdout == git.stdout
+
+
+def test_the_onehot_example_and_its_output_are_real():
+    _shown_with_its_output("onehot.fd")

@@ -42,7 +42,7 @@ from ..core import terms as T
 from .ir import Op, Read, Sweep, Value, graph_rewrite
 
 # the ops of the prologue: what the sweep reads, made before it (an input, a dim, a constant)
-_PROLOGUE = frozenset({"input", "scalar_input", "dim", "const"})
+_PROLOGUE = frozenset({"input", "ids_input", "scalar_input", "dim", "const"})
 
 
 def _plain(op: Op) -> bool:

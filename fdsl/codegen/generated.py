@@ -36,7 +36,7 @@ _TORCH_TRAINING = '''# ---- training with torch --------------------------------
 
 WEIGHTS = %(weights)r  # the weights, in the order of their gradients
 SHAPES = %(shapes)r  # None: a dim read off the values
-DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one
+DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one ((rows,): ids)
 TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and the scalar weights
 
 
@@ -275,8 +275,8 @@ def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping
 
     leaves = {n.data[0].printed(): n for n in lowering.nodes if n.op == "sym"}
     shapes = {name: shape(leaves[name]) for name in outputs if name in leaves}
-    data = {name: shape(leaves[name]) for name in lowering.input_names()
-            if leaves[name].data[0].kind == "const"}
+    data = {name: shape(leaves[name])[:1] if leaves[name].data[0].onehot else shape(leaves[name])
+            for name in lowering.input_names() if leaves[name].data[0].kind == "const"}  # ids: (rows,)
     what = "1/2 ||E||^2 of w = form(E)" if not loss.scalar else "of w = -d(L)"
     return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "data": data, "loss": what}
 

@@ -11,6 +11,9 @@ scalar    an operand that is a number: a float literal, a scalar ``Value`` (a sc
           the data, a learned scalar weight, a scalar computed in the sweep) or a ``Dim`` (a dim's
           size as a float). A scale is a tuple of them, multiplied: however the program spelled
           it (``0.125``, ``k^(-1/2)``, ``s`` from the data, ``tau[i] s``), it is an operand.
+ids       a value that holds the ids of a onehot constant (``Value.ids``): its shape is the one-hot
+          matrix's, (n, v), its array one integer a row; only ``lookup``, ``scatter``, ``pick_sum``
+          and ``add_ids`` read it (``fdsl.codegen.onehot``).
 read      ``Read(value, t, scale)``: how an op reads a value: as stored or transposed (``t``), and
           multiplied by a scale (a tuple of scalars; empty: not scaled).
 op        ``Op(kind, outs, args, attrs)``: one step of the sweep. ``kind`` is from the closed table
@@ -44,7 +47,7 @@ from ..base.errors import FdslError
 class Value:
     """An array or number made once (see the module doc). Compared by identity."""
 
-    __slots__ = ("id", "shape", "batched", "heads", "scalar", "hint", "prefix", "suffix", "numbered", "name")
+    __slots__ = ("id", "shape", "batched", "heads", "scalar", "hint", "prefix", "suffix", "numbered", "name", "ids")
     _ids = itertools.count()
 
     def __init__(self, shape=None, batched=False, heads=0, scalar=False, hint=None, prefix="", suffix="",
@@ -61,6 +64,9 @@ class Value:
         # underscores (``X_h_``: values the passes make)
         self.numbered = numbered
         self.name = None  # set by the writer
+        # the ids of a onehot constant (an input): ``shape`` is the one-hot matrix's, (n, v), and the
+        # array holds one integer a row, (n,) or (batch, n); only the kinds that read ids read it
+        self.ids = False
 
     def __repr__(self):
         return "%%%d%s" % (self.id, "" if self.hint is None or isinstance(self.hint, Value) else ":" + self.hint)
@@ -107,12 +113,18 @@ KINDS = {
     "scalar_input": Kind("a number input: values[name]"),
     "dim": Kind("a dim's size read off an input's shape (attrs axis)"),
     "const": Kind("a constant array: ones, zeros, eye, causal (attrs make, shape)"),
+    "ids_input": Kind("the ids of a onehot constant: values[name], checked (attrs name, rows, vocab)"),
     # products
     "matmul": Kind("left @ right (attrs: total, summed over the batch; bmm, two batches; out_scale)"),
     "sum_axis": Kind("a sum along an axis, kept 2-d (attrs axis; total; view_t: read transposed after)"),
     "grouped": Kind("products sharing an operand as one (attrs side cols|rows, total)", multi=True),
     "sum_of_products": Kind("sum_i A_i B_i as one product (attrs n: the A_i are args[:n])"),
     "cat_matmul": Kind("A @ [B_1; ...; B_k] (the B_i concatenated along the rows)"),
+    # onehot constants given as ids (fdsl.codegen.onehot): no one-hot matrix is made
+    "lookup": Kind("onehot(ids) @ A as the rows of A at the ids (an embedding lookup)"),
+    "scatter": Kind("onehot(ids)^t @ G as G's rows added at the ids into zeros (attrs vocab; total)"),
+    "pick_sum": Kind("trace(onehot(ids)^t A) as the sum of A's entries at the ids"),
+    "add_ids": Kind("P + sign onehot(ids), written into P, which dies there (attrs sign)", inplace=0),
     "split_total": Kind("the products of a side-by-side matrix summed over the batch, split (attrs n, axis)",
                         multi=True),
     # sums and scaling

@@ -82,6 +82,7 @@ from .fusion import (
 from .heads import grouped_kinds, side_by_side, stacked_heads, stacked_traces
 from .ir import Dim, Op, Read, Sweep, Value, check
 from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
+from .onehot import OneHot, summed_scatter
 from .products import Products, _Ref, canon
 from .schedule import early_results
 from .targets import DTYPES, TARGETS
@@ -110,7 +111,7 @@ def nodes(roots) -> list:
 # ---- the lowering -------------------------------------------------------------------------------
 
 
-class Lowering(Products, ModuleWriter):
+class Lowering(Products, OneHot, ModuleWriter):
     """Lower ``outputs`` (name -> term) to the body of ``grads(values)``; see the module doc."""
 
     def __init__(self, outputs: Mapping, dims: Optional[Mapping] = None, target: str = "numpy",
@@ -380,6 +381,7 @@ class Lowering(Products, ModuleWriter):
         for b in self.order:
             if b not in self.refs:
                 self.refs[b] = self._emit(b)
+        self.check_ids()
         results = {}
         inputs = {op.out for op in self.inputs}
         consts = {op.out for op in self.module_consts + self.runtime_consts}
@@ -394,7 +396,7 @@ class Lowering(Products, ModuleWriter):
                 results[name] = ("copy", ref, handed_out.get(ref.var, False))
             else:
                 summed = bool(self.batched) and any(
-                    f(self.sweep, ref.var) for f in (summed_product, summed_reduction))
+                    f(self.sweep, ref.var) for f in (summed_product, summed_reduction, summed_scatter))
                 results[name] = ("plain", ref, summed)
                 handed_out[ref.var] = summed
         returned = {r.var for _, r, _ in results.values() if isinstance(r.var, Value)}
@@ -465,6 +467,8 @@ class Lowering(Products, ModuleWriter):
     def _input(self, b: Term) -> _Ref:
         symbol, shape = b.data
         name = symbol.printed()
+        if symbol.onehot:  # its ids (fdsl.codegen.onehot)
+            return self._ids_input(b, name)
         if b.scalar:  # declared scalars and scalar weights
             var = self._value(name, scalar=True)
             self.inputs.append(Op("scalar_input", [var], name=name))
@@ -515,6 +519,9 @@ class Lowering(Products, ModuleWriter):
             self.softmaxes.setdefault((a, fa), ref)
             return ref
         if op == "rowsum":  # the sum_axis kind, as a product with a column of ones
+            ones = self._rowsum_onehot(b)
+            if ones is not None:
+                return ones
             x = self._matrix(self.ref(b.args[0]))
             kind, args, attrs = self._sum_axis(x.read(), 1)
             return self._new(b, kind, args, **attrs)
@@ -610,6 +617,9 @@ class Lowering(Products, ModuleWriter):
             return self._new(b, "scalar_op", [a.var for a in args], scalar=True, op=b.op)
         if b.op == "pow":
             return self._new(b, "scalar_op", [args[0].var], scalar=True, op="pow", exponent=float(b.data))
+        if word is not None and (picked := self._onehot_trace(word)) is not None:  # a gather at the ids
+            ids, partner = picked
+            return self._new(b, "pick_sum", [ids, partner.read()], scalar=True)
         if word is not None:  # trace(P Q)
             p, q = (self._factor(f) for f in word)
             return self._new(b, "trace_product", [p.read(), q.read()], scalar=True)
@@ -642,6 +652,9 @@ class Lowering(Products, ModuleWriter):
         out, full = [], False
         for x in b.args:
             base, flip = canon(x)
+            if base.op == "mul" and len(base.args) == 2 and self._ones(base.args[1]) and base.args[1].shape[0] == 1 \
+                    and self._ones_column(base.args[0]) and len(b.args) > 1:
+                continue  # rowsum(X) 1^t of a onehot X: all ones, it multiplies nothing
             if base.op == "mul" and len(base.args) == 2 and self._ones(base.args[0]) \
                     and base.args[0].shape[1] == 1 and not base.args[1].scalar:
                 out.append(T.transpose(base.args[1]) if flip else base.args[1])
@@ -655,6 +668,8 @@ class Lowering(Products, ModuleWriter):
 
     def _template(self, b: Term) -> _Ref:
         args = [self._matrix(self.ref(x)) for x in (self._hadamard_args(b) if b.op == "had" else b.args)]
+        if b.op == "had" and len(args) == 1:  # the other factors were all ones
+            return args[0]
         spec = OPS.get(b.op)
         self._template_of(b)
         if spec is not None and spec.elementwise and all(a.flip for a in args):
@@ -666,6 +681,9 @@ class Lowering(Products, ModuleWriter):
     # -- sums and the derivatives of relu and softmax
 
     def _sum(self, b: Term) -> _Ref:
+        with_ids = self._onehot_sum(b, [self._summand(s) for s in b.args])
+        if with_ids is not None:
+            return with_ids
         flip = self.store_flip.get(b, False)
         parts, keys = [], []
         for s in b.args:

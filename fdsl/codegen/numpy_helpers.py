@@ -9,6 +9,9 @@ nb      the batch size of a call: 0 for one example, else the length of the lead
 total   a gradient summed over the batch (``_total``, ``_matmul_total``, ``_sum_total``): the
         gradient of the loss summed over the examples.
 piece   a few examples of a large batch at a time (``_piece``, ``_in_pieces``; see targets).
+ids     the value of a onehot constant: one integer a row, (rows,) or (batch, rows) (``_ids``);
+        ``_lookup``, ``_scatter``, ``_pick_sum`` and ``_add_ids`` compute what the one-hot matrix
+        would, without it (``fdsl.codegen.onehot``).
 """
 
 import numpy as np
@@ -200,3 +203,97 @@ def _loss_total(L, nb):
     if isinstance(L, np.ndarray) and L.ndim == 3:
         return float(L.sum())
     return float(np.asarray(L).reshape(())) * (nb or 1)
+
+
+# ---- ids: copied only into the modules of programs with onehot constants (targets.runtime) ----
+
+
+def _ids(values, name, rows, vocab):
+    """values[name] as ids: integers in [0, vocab), shape (rows,) or (batch, rows) (rows None: any)."""
+    x = np.asarray(values[name])
+    declared = "%s is declared onehot: its value is its ids, integers in [0, %d), shape (rows,) or (batch, rows)" % (
+        name, vocab)
+    if x.ndim >= 2 and x.shape[-1] == vocab and x.dtype.kind not in "iu":
+        raise ValueError("%s is a matrix of shape %s, where ids are declared (%s)" % (name, x.shape, declared))
+    if x.dtype.kind not in "iu":
+        raise ValueError("%s holds %s, not integer ids (%s)" % (name, x.dtype, declared))
+    if x.ndim not in (1, 2) or (rows is not None and x.shape[-1] != rows):
+        raise ValueError("%s has shape %s, not (%s,) or (batch, %s) (%s)" % (name, x.shape, rows, rows, declared))
+    bad = np.flatnonzero((x < 0) | (x >= vocab))
+    if bad.size:
+        at = tuple(int(i) for i in np.unravel_index(bad[0], x.shape))
+        raise ValueError("%s has the id %d at %s, outside [0, %d)" % (name, x.flat[bad[0]], at, vocab))
+    return x
+
+
+def _lookup(ids, A):
+    """onehot(ids) @ A: the rows of A at the ids (an embedding lookup), per example for a batch."""
+    if A.ndim == 2:
+        return A[ids]
+    if ids.ndim == 1:
+        return A[:, ids]
+    return A[np.arange(A.shape[0])[:, None], ids]
+
+
+def _scatter(ids, G, vocab):
+    """onehot(ids)^t @ G: the rows of G added at the ids into zeros (vocab, cols), per example for
+    a batch."""
+    if ids.ndim == 1 and G.ndim == 2:
+        out = np.zeros((vocab, G.shape[-1]), dtype=G.dtype)
+        np.add.at(out, ids, G)
+        return out
+    nb = ids.shape[0] if ids.ndim == 2 else G.shape[0]
+    ids = np.broadcast_to(ids, (nb, ids.shape[-1]))
+    G = np.broadcast_to(G, (nb,) + G.shape[-2:])
+    out = np.zeros((nb, vocab, G.shape[-1]), dtype=G.dtype)
+    np.add.at(out, (np.arange(nb)[:, None], ids), G)
+    return out
+
+
+def _scatter_total(ids, G, vocab, nb):
+    """_scatter summed over the batch (a gradient): every example's rows added into one (vocab,
+    cols) array."""
+    if not nb:
+        return _scatter(ids, G, vocab)
+    ids = np.broadcast_to(ids, (nb, ids.shape[-1])).reshape(-1)
+    G = np.broadcast_to(G, (nb,) + G.shape[-2:]).reshape(-1, G.shape[-1])
+    out = np.zeros((vocab, G.shape[-1]), dtype=G.dtype)
+    np.add.at(out, ids, G)
+    return out
+
+
+def _pick_sum(ids, A):
+    """trace(onehot(ids)^t A): the sum of A's entries at the ids, row by row (as _trace: a number,
+    or a (batch, 1, 1) array)."""
+    n = ids.shape[-1]
+    if ids.ndim == 1 and A.ndim == 2:
+        return float(A[np.arange(n), ids].sum())
+    nb = ids.shape[0] if ids.ndim == 2 else A.shape[0]
+    A = np.broadcast_to(A, (nb,) + A.shape[-2:])
+    ids = np.broadcast_to(ids, (nb, n))
+    return A[np.arange(nb)[:, None], np.arange(n), ids].sum(axis=-1)[:, None, None]
+
+
+def _add_ids(P, ids, sign):
+    """P + sign onehot(ids), written into P (an array of the sum's own; one without the batch
+    axis of the ids is copied per example first)."""
+    n = ids.shape[-1]
+    if ids.ndim == 2 and P.ndim == 2:
+        P = np.repeat(P[None], ids.shape[0], axis=0)
+    if P.ndim == 2:
+        P[np.arange(n), ids] += sign
+    elif ids.ndim == 1:
+        P[:, np.arange(n), ids] += sign
+    else:
+        P[np.arange(P.shape[0])[:, None], np.arange(n), ids] += sign
+    return P
+
+
+def _in_pieces_ids(sweep, values, names, n, ids):
+    """_in_pieces where the inputs ``ids`` carry their batch as the first of two axes: cut as
+    (batch, rows, 1), handed to the sweep as (batch, rows) again."""
+    def sweep_ids(piece):
+        return sweep({k: v[..., 0] if k in ids and np.ndim(v) == 3 else v for k, v in piece.items()})
+
+    return _in_pieces(sweep_ids, {k: np.asarray(v)[..., None] if k in ids and np.ndim(v) == 2 else v
+                                  for k, v in values.items()}, names, n)

@@ -38,6 +38,11 @@ class _Ref(NamedTuple):
         return self if self.scalar else _Ref(self.var, not self.flip, False)
 
 
+def _turned(word) -> list:
+    """The word of the transpose: reversed, each factor transposed."""
+    return [(x, not f) for x, f in reversed(word)]
+
+
 def canon(t: Term) -> tuple:
     """(base, transposed): ``t`` is the base, or its transpose, with let names looked through."""
     flip = False
@@ -116,6 +121,7 @@ class Products:
         # a side that is a vector of ones is not multiplied but summed over (_matmul): a scalar put
         # on it would be lost, so it goes on the other side or the result
         sizes.pop(self._ones_side(word[:s + 1], word[s + 1:]), None)
+        sizes.pop(self._onehot_side(word[:s + 1], word[s + 1:]), None)  # ids: nothing to scale
         where = min(sizes, key=sizes.get)
         lhs, rhs = left.read(), right.read()
         if where == "left":
@@ -123,7 +129,9 @@ class Products:
         elif where == "right":
             rhs = right.read(scale)
         if where != "out" and self._folds(word[:s + 1], word[s + 1:]):  # as in _interval
-            return self._new(b, "matmul", [rhs.T(), lhs.T()], flip=not flip)
+            kind, args, attrs = self._matmul(rhs.T(), lhs.T(), _turned(word[s + 1:]), _turned(word[:s + 1]),
+                                             right.t(), left.t())
+            return self._new(b, kind, args, flip=not flip, **attrs)
         kind, args, attrs = self._matmul(lhs, rhs, word[:s + 1], word[s + 1:], left, right)
         if where == "out":
             attrs["out_scale"] = scale
@@ -166,7 +174,11 @@ class Products:
                     continue  # already computed: free
                 best, where = None, None
                 for s in range(i, j):
-                    c = cost[i][s] + cost[s + 1][j] + p[i] * p[s + 1] * p[j + 1]
+                    work = p[i] * p[s + 1] * p[j + 1]
+                    if (s == i and self._onehot_factor(word[i:i + 1]) is not None) or \
+                            (s + 1 == j and self._onehot_factor(word[j:j + 1]) is not None):
+                        work = p[i] * p[j + 1]  # a lookup or a scatter: the size of its result
+                    c = cost[i][s] + cost[s + 1][j] + work
                     if best is None or c < best:
                         best, where = c, s
                 cost[i][j] = best / self.counts.get(key, 1)
@@ -186,9 +198,11 @@ class Products:
         self.flops += (self._guess(self._oriented_shape(word[i])[0]) * self._guess(self._oriented_shape(word[s])[1])
                        * self._guess(self._oriented_shape(word[j])[1]))
         rows, cols = self._oriented_shape(word[i])[0], self._oriented_shape(word[j])[1]
-        if self._folds(word[i:s + 1], word[s + 1:j + 1]):  # (B^t A^t)^t: the batch on the left
+        if self._folds(word[i:s + 1], word[s + 1:j + 1]):  # (B^t A^t)^t: the batch (or ids) on the left
             var = self._value(hint, (cols, rows))
-            self._add(Op("matmul", [var], [right.t().read(), left.t().read()]))
+            kind, args, attrs = self._matmul(right.t().read(), left.t().read(), _turned(word[s + 1:j + 1]),
+                                             _turned(word[i:s + 1]), right.t(), left.t())
+            self._add(Op(kind, [var], args, **attrs))
             self.avail[key] = (var, not rel)
             return _Ref(var, True)
         var = self._value(hint, (rows, cols))
@@ -202,6 +216,9 @@ class Products:
         when only its right side varies per example and the target folds a batch on the left of a
         product into one matrix product (torch: ``(b, n, d) @ (d, k)`` is one ``mm``, while
         ``(d, n) @ (b, n, k)`` broadcasts the left side and makes b of them)."""
+        onehot = self._onehot_side(lword, rword)
+        if onehot is not None:  # ids alone on the right: the transpose of a lookup or a scatter (any target)
+            return onehot == "right"
         if not self.target.folds_batches or self._ones_side(lword, rword) is not None:
             return False
         return (not any(b in self.batched for b, _ in lword)) and any(b in self.batched for b, _ in rword)
@@ -218,6 +235,9 @@ class Products:
     def _matmul(self, lhs: Read, rhs: Read, lword, rword, left, right) -> tuple:
         """(kind, operands, attributes) of ``lhs @ rhs``, or of a row or column sum when one side
         is a single vector of ones (which must then be read plain: nothing on that side is read)."""
+        with_ids = self._onehot_product(lhs, rhs, lword, rword)
+        if with_ids is not None:
+            return with_ids
         side = self._ones_side(lword, rword)
         if side == "right":
             assert rhs == right.read(), "a scaled vector of ones would be summed away"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .ir import Sweep
 
-_PROLOGUE = ("input", "scalar_input", "dim", "const")
+_PROLOGUE = ("input", "ids_input", "scalar_input", "dim", "const")
 
 
 def early_results(sweep: Sweep, kept: set) -> None:

@@ -67,9 +67,11 @@ class Target:
         """The operator's template for this target (None: it has none)."""
         return op_spec.numpy
 
-    def runtime(self) -> str:
-        """The helpers' source, without their module docstring and imports."""
-        return _body(inspect.getsource(numpy_runtime)) + "\n\n\n" + _body(inspect.getsource(numpy_helpers))
+    def runtime(self, ids: bool = False) -> str:
+        """The helpers' source, without their module docstring and imports; ``ids``: with the
+        helpers of onehot constants given as ids (only the modules that read ids carry them)."""
+        return _body(inspect.getsource(numpy_runtime)) + "\n\n\n" + _with_ids(_body(inspect.getsource(numpy_helpers)),
+                                                                             ids)
 
 
 class TorchTarget(Target):
@@ -100,9 +102,9 @@ class TorchTarget(Target):
             return own
         return _translate(op_spec.numpy)
 
-    def runtime(self) -> str:
+    def runtime(self, ids: bool = False) -> str:
         source = (Path(__file__).with_name("torch_runtime.py")).read_text()
-        return _body(source)
+        return _with_ids(_body(source), ids)
 
 
 TARGETS = {"numpy": Target(), "torch": TorchTarget()}
@@ -154,6 +156,15 @@ def _translate(template):
     if any(n not in _TORCH_NUMPY for n in names):
         return None
     return re.sub(r"\bnp\.", "_np.", template)
+
+
+IDS_MARK = "# ---- ids: copied only into the modules of programs with onehot constants"
+
+
+def _with_ids(source: str, ids: bool) -> str:
+    """A runtime's source with its last section, the helpers of ids (after ``IDS_MARK``), or without."""
+    head, mark, tail = source.partition(IDS_MARK)
+    return source if ids or not mark else head.rstrip()
 
 
 def _body(source: str) -> str:

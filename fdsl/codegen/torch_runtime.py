@@ -471,3 +471,76 @@ class _np:
     @staticmethod
     def trace(x, axis1=0, axis2=1):
         return torch.diagonal(x, dim1=axis1, dim2=axis2).sum(-1)
+
+
+# ---- ids: copied only into the modules of programs with onehot constants (targets.runtime) ----
+
+
+def _ids(values, name, rows, vocab, device):
+    """values[name] as ids on ``device``: integers in [0, vocab), shape (rows,) or (batch, rows)
+    (rows None: any)."""
+    x = torch.as_tensor(values[name], device=device)
+    declared = "%s is declared onehot: its value is its ids, integers in [0, %d), shape (rows,) or (batch, rows)" % (
+        name, vocab)
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        if x.dim() >= 2 and x.shape[-1] == vocab:
+            raise ValueError("%s is a matrix of shape %s, where ids are declared (%s)"
+                             % (name, tuple(x.shape), declared))
+        raise ValueError("%s holds %s, not integer ids (%s)" % (name, x.dtype, declared))
+    if x.dim() not in (1, 2) or (rows is not None and x.shape[-1] != rows):
+        raise ValueError("%s has shape %s, not (%s,) or (batch, %s) (%s)"
+                         % (name, tuple(x.shape), rows, rows, declared))
+    bad = (x < 0) | (x >= vocab)
+    if bool(bad.any()):
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError("%s has the id %d at %s, outside [0, %d)" % (name, int(x[at]), at, vocab))
+    return x
+
+
+def _lookup(ids, A):
+    """onehot(ids) @ A: the rows of A at the ids (an embedding lookup), per example for a batch."""
+    if A.dim() == 2:
+        return torch.nn.functional.embedding(ids, A)
+    if ids.dim() == 1:
+        return A[:, ids]
+    return A[torch.arange(A.shape[0], device=A.device)[:, None], ids]
+
+
+def _scatter(ids, G, vocab):
+    """onehot(ids)^t @ G: the rows of G added at the ids into zeros (vocab, cols), per example for
+    a batch."""
+    if ids.dim() == 1 and G.dim() == 2:
+        return G.new_zeros((vocab, G.shape[-1])).index_add_(0, ids, G)
+    nb = ids.shape[0] if ids.dim() == 2 else G.shape[0]
+    ids = ids.expand(nb, ids.shape[-1]) + vocab * torch.arange(nb, device=ids.device)[:, None]
+    G = G.expand(nb, *G.shape[-2:])
+    out = G.new_zeros((nb * vocab, G.shape[-1])).index_add_(0, ids.reshape(-1), G.reshape(-1, G.shape[-1]))
+    return out.view(nb, vocab, G.shape[-1])
+
+
+def _scatter_total(ids, G, vocab, nb):
+    """_scatter summed over the batch (a gradient): every example's rows added into one (vocab,
+    cols) tensor."""
+    if not nb:
+        return _scatter(ids, G, vocab)
+    ids = ids.expand(nb, ids.shape[-1]).reshape(-1)
+    G = G.expand(nb, *G.shape[-2:]).reshape(-1, G.shape[-1])
+    return G.new_zeros((vocab, G.shape[-1])).index_add_(0, ids, G)
+
+
+def _pick_sum(ids, A):
+    """trace(onehot(ids)^t A): the sum of A's entries at the ids, row by row (a gather; as _trace:
+    a number, or a (batch, 1, 1) tensor)."""
+    if ids.dim() == 2 and A.dim() == 2:
+        A = A.expand(ids.shape[0], *A.shape)
+    t = A.gather(-1, ids.unsqueeze(-1).expand(*A.shape[:-1], 1)).sum(dim=(-2, -1))
+    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+
+
+def _add_ids(P, ids, sign):
+    """P + sign onehot(ids), written into P (a tensor of the sum's own; one without the batch
+    axis of the ids is copied per example first)."""
+    if ids.dim() == 2 and P.dim() == 2:
+        P = P.expand(ids.shape[0], *P.shape).clone()
+    index = ids.unsqueeze(-1).expand(*P.shape[:-1], 1)
+    return P.scatter_add_(-1, index, torch.full(index.shape, sign, dtype=P.dtype, device=P.device))

@@ -36,7 +36,7 @@ from .source import _indent, _natural, docstring_literal
 # Names the generated module gives a meaning of its own: its imports, its globals and functions,
 # the builtins. A symbol called INPUTS or grads gets a variable with a suffix (INPUTS_2): a local
 # of the name would hide the global from the function reading it (UnboundLocalError).
-_RESERVED = {"np", "torch", "math", "values", "INPUTS", "DTYPE", "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS",
+_RESERVED = {"np", "torch", "math", "values", "INPUTS", "IDS", "FLOATS", "DTYPE", "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS",
              "SHAPES", "DATA", "grads", "grads_and_loss", "loss", "FdslLoss", "Model"} | set(dir(builtins))
 
 
@@ -164,6 +164,9 @@ class Writer:
             shape = "(%s)" % ", ".join(map(str, op.attrs["shape"])) if op.attrs["shape"] is not None else "None"
             return ["%s = _input(values, %r, %s, %s, _dt%s)" % (out, op.attrs["name"], shape, op.attrs["batched"],
                                                               self.device)]
+        if kind == "ids_input":
+            return ["%s = _ids(values, %r, %s, %d%s)" % (out, op.attrs["name"], op.attrs["rows"], op.attrs["vocab"],
+                                                        self.device)]
         if kind == "scalar_input":
             return ["%s = _scalar(values, %r)" % (out, op.attrs["name"])]
         if kind == "dim":
@@ -180,6 +183,13 @@ class Writer:
                 code = "_bmm(%s, %s)" % (self.read(a[0]), self.read(a[1]))
             else:
                 code = "%s @ %s" % (self.read(a[0]), self.read(a[1]))
+        elif kind == "scatter":
+            if op.attrs.get("total"):
+                code = "_scatter_total(%s, %s, %d, _nb)" % (self.read(a[0]), self.read(a[1]), op.attrs["vocab"])
+            else:
+                code = "_scatter(%s, %s, %d)" % (self.read(a[0]), self.read(a[1]), op.attrs["vocab"])
+        elif kind == "add_ids":
+            code = "_add_ids(%s, %s, %r)" % (self.read(a[0]), self.read(a[1]), op.attrs["sign"])
         elif kind == "sum_axis":
             axis = op.attrs["axis"]
             if op.attrs.get("total"):
@@ -301,6 +311,8 @@ class Writer:
 # the kinds that are one runtime helper of their reads
 _HELPERS = {
     "masked": "%s * %s",
+    "lookup": "_lookup(%s, %s)",
+    "pick_sum": "_pick_sum(%s, %s)",
     "softmax": "_softmax(%s)",
     "aa_given": "_aa_given(%s, %s)",
     "layernorm_stats": "_layernorm_stats(%s)",
@@ -356,14 +368,18 @@ class ModuleWriter:
         w = self.writer
         inputs = sorted(self.inputs, key=lambda op: _natural(op.out.name))
         dev = w.device
-        lines = ["%s = _dtype(values, INPUTS, DTYPE)" % ("_dt, _dev" if dev else "_dt")]
+        ids = [op for op in inputs if op.kind == "ids_input"]
+        lines = ["%s = _dtype(values, %s, DTYPE)" % ("_dt, _dev" if dev else "_dt", "FLOATS" if ids else "INPUTS")]
         lines += [line for op in inputs for line in w.lines(op)]
-        examples = [op.out.name for op in inputs if op.out in self.batch_inputs]
+        # ids carry a batch as their first of two axes: read with a last axis of 1, as a matrix's
+        examples = [op.out.name + ("[..., None]" if op.kind == "ids_input" else "")
+                    for op in inputs if op.out in self.batch_inputs]
         lines.append("_nb = _batch(%s)" % ", ".join(examples) if examples else "_nb = 0")
         if self.target.pieces and examples:
             # a large batch goes through in pieces of a few examples (see targets: pieces)
             lines.append("if _nb and _piece(_nb, EXAMPLE_SIZE, _dt):\n"
-                         "    return _in_pieces(%s, values, EXAMPLES, _piece(_nb, EXAMPLE_SIZE, _dt))" % name)
+                         "    return _in_pieces%s(%s, values, EXAMPLES, _piece(_nb, EXAMPLE_SIZE, _dt)%s)"
+                         % ("_ids" if ids else "", name, ", IDS" if ids else ""))
         lines += [line for op in self.dim_stmts for line in w.lines(op)]
         if self.module_consts:
             targets = [op.out.name for op in self.module_consts]
@@ -457,7 +473,7 @@ class ModuleWriter:
         head = "# ---- runtime helpers (%s) " % target.origin
         out.append(head + "-" * max(3, 95 - len(head)))
         out.append("")
-        out.append(target.runtime())
+        out.append(target.runtime(ids=any(op.kind == "ids_input" for op in self.inputs)))
         out.append("")
         out.append("")
         out.append("# ---- constants " + "-" * 80)
@@ -465,6 +481,12 @@ class ModuleWriter:
         out.append("DTYPE = %s  # None: compute in the dtype of the inputs" % target.dtype_code(self.dtype))
         names = self.input_names()
         out.append("INPUTS = %r  # the array inputs" % (tuple(names),))
+        ids = tuple(op.attrs["name"] for op in sorted(self.inputs, key=lambda op: _natural(op.out.name))
+                    if op.kind == "ids_input")
+        if ids:
+            out.append("IDS = %r  # the inputs given as ids (onehot constants): integers, (rows,) or (batch, rows)"
+                       % (ids,))
+            out.append("FLOATS = tuple(name for name in INPUTS if name not in IDS)  # the dtype is theirs")
         if target.pieces and self.batch_inputs:
             out.append("EXAMPLES = %r  # the inputs that may carry a batch axis"
                        % (tuple(self.array_inputs[v] for v in sorted(self.batch_inputs,

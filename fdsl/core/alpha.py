@@ -37,7 +37,7 @@ def _placeholder(t: Term, k: int, lets: bool):
     """The placeholder of atom ``t``, or None where ``t`` stays as it is."""
     if t.op == "sym":
         s, shape = t.data
-        p = T.sym(Symbol("#%d" % k, (), s.kind, s.value, s.scalar), shape)
+        p = T.sym(Symbol("#%d" % k, (), s.kind, s.value, s.scalar, s.onehot), shape)
     elif t.op == "let" and lets and not t.has_d:
         body = t.args[0]
         inner = T.sym(Symbol("#%d" % k, (), "weight" if t.has_weight else "const", None, body.scalar),

@@ -155,6 +155,9 @@ class Symbol:
     kind: str = "const"  # const | scalar | weight | dim
     value: Optional[object] = None  # "ones", "identity", "causal", a Term (scalars), an int (dims)
     scalar: bool = False  # a weight declared ``weight g : scalar``: it commutes like a scalar
+    # a const declared ``n x v onehot``: every row is one-hot, and its value is given as ids, one
+    # integer in [0, v) per row ((n,), or (batch, n)); the terms and the normal form are the same
+    onehot: bool = False
 
     def printed(self) -> str:
         """``Q_0`` for ``Q[0]``: the key of the symbol in value files and gradient files."""

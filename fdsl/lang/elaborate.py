@@ -107,6 +107,13 @@ class Elaborator:
         shape = item["_shape"]
         where = lambda msg: FdslError(msg, self._src[0], line, col, self._src[1])
         scalar_weight = False
+        onehot = isinstance(shape, tuple) and len(shape) == 3
+        if onehot:  # const X : n x v onehot (the parser keeps the word after the shape)
+            shape = shape[:2]
+            if kind != "const" or item["indices"] or item["value"] is not None:
+                raise where("only a const without indices or a value can be declared onehot (its value is given "
+                            "as ids): %s is %s" % (name, "a family" if item["indices"] else
+                                                   "given a value" if item["value"] is not None else "a " + kind))
         if shape == "scalar":  # const c : scalar is a scalar; weight g : scalar a learnable one
             if kind == "weight":
                 scalar_weight = True
@@ -132,7 +139,7 @@ class Elaborator:
         if item["indices"]:
             self.families[name] = Family(kind, item["indices"], shape, value, scalar_weight)
         else:
-            self.symbols[name] = T.sym(Symbol(name, (), kind, value, scalar_weight), shape)
+            self.symbols[name] = T.sym(Symbol(name, (), kind, value, scalar_weight, onehot), shape)
 
     def _printed_clash(self, name: str, family: bool):
         """Why ``name`` would print as a member of a family, or a family's members as a declared name

@@ -229,6 +229,8 @@ class ToAst(Transformer_NonRecursive):
         return ("indices", tuple(str(c) for c in children))
 
     def shape(self, meta, children):
+        if len(children) == 3:  # n x v onehot
+            return ("shape", (children[0], children[1], "onehot"))
         return ("shape", tuple(children))
 
     def shape_word(self, meta, children):

@@ -123,7 +123,11 @@ class Trainer:
         given = program.values if program.values is not None else {}
         self.values: dict = {}
         for name, leaf in symbol_leaves(self.terms).items():
-            if name in given and np.ndim(given[name]) == 3:  # a batch of examples, as given (checked)
+            if leaf.data[0].onehot:  # ids (checked, or drawn now): the generated code reads them as they are
+                if name not in given:
+                    ev.value(leaf)
+                self.values[name] = np.asarray(program.values[name])
+            elif name in given and np.ndim(given[name]) == 3:  # a batch of examples, as given (checked)
                 self.values[name] = np.array(given[name], dtype=np.float64)
             else:
                 self.values[name] = np.array(ev.value(leaf), dtype=np.float64)
@@ -164,6 +168,8 @@ class Trainer:
             return
         ev = Evaluator(self.values, self.dims, self.origin)
         for target in cross_entropy_targets(self.objective):
+            if target.op == "sym" and target.data[0].onehot:
+                continue  # ids: every row is one-hot, a distribution
             try:
                 name = target.data[0].printed() if target.op == "sym" else None
                 if name is not None and name in self.values:  # the array itself: a batch of examples too

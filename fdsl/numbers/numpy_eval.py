@@ -245,7 +245,8 @@ class Evaluator:
         if name in self._bound:
             return self._bound[name]
         if getattr(self.values, "seed", None) is not None:  # a program's Values draws on demand
-            return self.values.generate(symbol, self.shape(shape, "drawing random values for %s" % name))
+            drawn = self.values.generate(symbol, self.shape(shape, "drawing random values for %s" % name))
+            return one_hot(drawn, self.size(shape[1], name)) if symbol.onehot else drawn
         raise FdslError("%s has no value: give values with 'values \"FILE.npz\"' (or fdsl run --values), "
                         "or random ones with 'random SEED' (or fdsl run --random)" % name)
 
@@ -276,6 +277,13 @@ class Evaluator:
                 continue
             if name in self.values:
                 self._bound[name] = conform(name, self.values[name], symbol, shape, self.dims, self.origin)
+                if symbol.onehot:  # ids: the interpreter computes with their one-hot rows
+                    ids = self._bound[name]
+                    if ids.ndim == 2:
+                        raise FdslError("%s holds a batch of %d examples: eval works on one example (give "
+                                        "%d ids); grad, train and generated code take batches"
+                                        % (name, ids.shape[0], ids.shape[1]))
+                    self._bound[name] = one_hot(ids, self.size(shape[1], name))
                 if self._bound[name].ndim == 3:
                     raise FdslError("%s holds a batch of %d examples: eval works on one example (give a %s "
                                     "array); grad, train and generated code take batches"
@@ -315,6 +323,8 @@ def conform(name: str, array, symbol: Symbol, shape, dims: dict, origin: dict, s
     """``array`` as the value of ``symbol``: float64, 2-d, of its declared ``shape``; learns the
     sizes of dims without one into ``dims`` (and who gave them into ``origin``)."""
     where = " in %s" % source if source else ""
+    if symbol.onehot:
+        return conform_ids(name, array, shape, dims, origin, where)
     try:
         array = np.asarray(array)
     except Exception:  # e.g. a ragged list: whatever numpy says, it is not a matrix
@@ -362,6 +372,53 @@ def conform(name: str, array, symbol: Symbol, shape, dims: dict, origin: dict, s
     for side in learned:
         origin.setdefault(side, name)
     return array
+
+
+def conform_ids(name: str, array, shape, dims: dict, origin: dict, where: str = "") -> np.ndarray:
+    """The ids of a const declared ``n x v onehot`` (see ``Symbol.onehot``): int64, shape (n,) or
+    (batch, n), every id in [0, v); learns n. A matrix, non-integer numbers or an id out of range
+    is an FdslError that says which, where."""
+    rows, vocab = shape
+    declared = "%s is declared %s x %s onehot, so its value is its ids, one integer in [0, %s) per row" % (
+        name, rows, vocab, vocab)
+    try:
+        array = np.asarray(array)
+    except Exception:
+        raise FdslError("the value of %s%s is not an array of ids (%s)" % (name, where, declared)) from None
+    size = dims.get(vocab) if isinstance(vocab, str) else vocab
+    known_rows = dims.get(rows, rows) if isinstance(rows, str) else rows
+    if array.ndim >= 2 and size is not None and array.shape[-1] == size and array.shape[-2] in (known_rows, None):
+        raise FdslError("the value of %s%s is a matrix of shape %s, where ids are declared: %s (the one-hot "
+                        "matrix's ids are its argmax along the rows)" % (name, where, shape_str(array.shape), declared))
+    if array.dtype.kind not in "iu":
+        raise FdslError("the value of %s%s must hold integer ids, not %s (%s)" % (name, where, array.dtype, declared))
+    if array.ndim not in (1, 2) or array.size == 0:
+        raise FdslError("the value of %s%s has shape %s: %s, shape (%s,) or (batch, %s)"
+                        % (name, where, array.shape, declared, rows, rows))
+    if size is None:
+        raise FdslError("%s needs the size of dim %s to check its ids: declare it with one (dim %s = 8)"
+                        % (name, vocab, vocab))
+    bad = np.flatnonzero((array < 0) | (array >= size))
+    if bad.size:
+        at = np.unravel_index(bad[0], array.shape)
+        raise FdslError("the value of %s%s has the id %d at %s, outside [0, %s) = [0, %d) (%s)"
+                        % (name, where, array.flat[bad[0]], tuple(int(i) for i in at), vocab, size, declared))
+    if isinstance(rows, str) and dims.get(rows) is None:
+        dims[rows] = array.shape[-1]
+        origin.setdefault(rows, name)
+    expected = dims[rows] if isinstance(rows, str) else rows
+    if array.shape[-1] != expected:
+        raise FdslError("shape mismatch for %s: the value%s has %d ids, but %s is declared %s (%s = %d)"
+                        % (name, where, array.shape[-1], name, shape_str(shape), rows, expected))
+    return array.astype(np.int64, copy=False)
+
+
+def one_hot(ids: np.ndarray, vocab: int) -> np.ndarray:
+    """The one-hot rows of ``ids``: for the interpreter (``eval``, the oracles) only; generated
+    code computes from the ids themselves and never makes this array."""
+    out = np.zeros(ids.shape + (vocab,))
+    np.put_along_axis(out, ids[..., None], 1.0, axis=-1)
+    return out
 
 
 def _declared(shape, dims) -> str:

@@ -73,6 +73,10 @@ class Values(dict):
         check_allocation(8 * int(np.prod(shape, dtype=object)), "random values for %s, %s floats,"
                          % (name, " x ".join(map(str, shape))))
         rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+        if symbol.onehot:  # ids: one in [0, v) per row
+            self[name] = array = rng.integers(0, shape[1], size=shape[0])
+            self.generated.add(name)
+            return array
         array = rng.standard_normal(shape)
         if symbol.kind == "weight":
             array /= np.sqrt(shape[0])

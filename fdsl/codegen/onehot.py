@@ -1,0 +1,169 @@
+"""One-hot constants given as ids: the lowering's rules for them (a part of ``Lowering``).
+
+Vocabulary
+----------
+onehot    a const declared ``n x v onehot`` (``Symbol.onehot``): each row is one-hot, and its value
+          is given as ids, one integer in [0, v) per row, shape (n,) or (batch, n). The terms and
+          the normal form are those of the one-hot matrix; only how they are computed changes.
+ids       the value that holds them in the sweep (``Value.ids``; the op ``ids_input`` reads and
+          checks them). No op makes the (n, v) one-hot matrix: every op that reads ids is one of
+          the kinds below, and the lowering refuses a program that would need another
+          (``check_ids``).
+lookup    ``X A`` as ``A[ids]``: the rows of A that the ids pick (an embedding lookup).
+scatter   ``X^t G`` as the rows of G added into the rows ids of a (v, cols) array of zeros (the
+          embedding's gradient, index_add); ``total``: summed over the batch too, one scatter of
+          every example's rows.
+pick_sum  ``trace(X^t A)`` as the sum of ``A[i, ids_i]`` (the cross-entropy's
+          ``trace(Y^t logsoftmax(Z))``: a gather of the log-probabilities).
+add_ids   ``P + s X`` as ``P[i, ids_i] += s``, in place in P, an array of this sum's own: the
+          adjoint of the cross-entropy, ``Y - a(Z) rowsum(Y)``, is ``-a(Z)`` with 1 added at the
+          ids, where ``rowsum(Y)`` is a column of ones (one 1 a row) and multiplies nothing.
+
+A product with a onehot factor at an end is a lookup or a scatter of the rest (``X A B`` is
+``(A B)[ids]``; ``A X`` and ``A X^t`` are the transposes of ``X^t A^t`` and ``X A^t``), and costs the
+chain order the size of its result, not a product's.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..base.errors import FdslError
+from ..core.printers import short
+from ..core.terms import Term
+from .ir import Op, Read, Sweep, Value
+from .products import _Ref, canon
+
+# the kinds that read ids (the only ones that may)
+IDS_KINDS = ("lookup", "scatter", "pick_sum", "add_ids")
+
+
+def is_onehot(t: Term) -> bool:
+    """Whether ``t`` (a base) is a const declared onehot."""
+    return t.op == "sym" and t.data[0].onehot
+
+
+class OneHot:
+    """The rules of ``Lowering`` for onehot constants (see the module doc). A mixin: the state it
+    reads is the lowering's."""
+
+    def _onehot_factor(self, word) -> Optional[bool]:
+        """For a word of one factor that is a onehot constant: whether it is read transposed; else None."""
+        if len(word) == 1 and is_onehot(word[0][0]):
+            return word[0][1]
+        return None
+
+    def _ids_input(self, b: Term, name: str) -> _Ref:
+        """The ids of a onehot constant, read and checked (integers in [0, v), (n,) or (batch, n))."""
+        symbol, (rows, vocab) = b.data
+        size = self.size(vocab)
+        if size is None:
+            raise FdslError("%s is declared onehot: generating code for it needs the size of dim %s (its ids are "
+                            "checked against it); declare it with one (dim %s = 8)" % (name, vocab, vocab))
+        var = Value((rows, vocab), batched=True, hint=name, numbered=True)
+        var.ids = True
+        self.values.append(var)
+        self.array_inputs[var] = name
+        self.batch_inputs.add(var)
+        self.inputs.append(Op("ids_input", [var], name=name, rows=self.size(rows), vocab=size))
+        return _Ref(var)
+
+    def _onehot_product(self, lhs: Read, rhs: Read, lword, rword) -> Optional[tuple]:
+        """(kind, operands, attributes) of ``lhs @ rhs`` where ``lhs`` is a onehot constant alone:
+        a lookup of the rows of ``rhs`` (X) or a scatter of them (X^t); else None. (A product
+        with the onehot on the right is computed as the transpose of one with it on the left.)"""
+        t = self._onehot_factor(lword)
+        if t is None or self._onehot_factor(rword) is not None:  # two onehots: left to check_ids
+            return None
+        ids = Read(lhs.value)
+        if lhs.scale:  # the scale goes on the other side (_product keeps it off the ids)
+            rhs = rhs.scaled(*lhs.scale)
+        if t:
+            return "scatter", [ids, rhs], {"vocab": self.size(lword[0][0].shape[1])}
+        return "lookup", [ids, rhs], {}
+
+    def _onehot_side(self, lword, rword) -> Optional[str]:
+        """Which side of ``lword rword`` is a onehot constant alone, if either."""
+        if self._onehot_factor(lword) is not None:
+            return "left"
+        if self._onehot_factor(rword) is not None:
+            return "right"
+        return None
+
+    def _onehot_trace(self, word) -> Optional[tuple]:
+        """(the read of the ids, the other factor's ref) of ``trace(P Q)`` with P or Q a onehot
+        constant X, the sum of the other factor's entries at the ids (``pick_sum``); else None.
+        trace(P Q) is the sum of P^t o Q, so the other factor is read as written beside X^t (first
+        or second: trace(X^t A), trace(A X^t)), and transposed beside X."""
+        for i, (x, f) in enumerate(word):
+            if is_onehot(x) and not is_onehot(word[1 - i][0]):
+                other = self._factor(word[1 - i])
+                partner = other if f else other.t()
+                return Read(self.refs[x].var), partner
+        return None
+
+    def _rowsum_onehot(self, b: Term) -> Optional[_Ref]:
+        """``rowsum(X)`` of a onehot X: a column of ones (one 1 a row), whatever the ids."""
+        x, f = canon(b.args[0])
+        if not is_onehot(x) or f:
+            return None
+        return self._constant("ones", (b.shape[0], 1), "ones")
+
+    def _ones_column(self, t: Term) -> bool:
+        """Whether ``t`` is ``rowsum(X)`` of a onehot X (a column of ones: a factor of a Hadamard
+        product that multiplies nothing)."""
+        x, f = canon(t)
+        return x.op == "rowsum" and not f and is_onehot(canon(x.args[0])[0]) and not canon(x.args[0])[1]
+
+    def _onehot_sum(self, b: Term, parts: list) -> Optional[_Ref]:
+        """A sum with onehot summands (``parts``: (sign, broadcast, term)): the rest summed into an
+        array of its own (``-P`` alone is ``scale``), then 1 added (or taken) at the ids of each
+        onehot summand, in place (``add_ids``). None: no onehot summand."""
+        ones = [(s, t) for s, bc, t in parts if not bc and is_onehot(canon(t)[0])]
+        if not ones:
+            return None
+        if any(canon(t)[1] for _, t in ones) or self.store_flip.get(b, False):
+            raise FdslError("cannot generate code for %s: a onehot constant is added transposed, and its ids "
+                            "make its rows, not its columns" % short(b))
+        rest = [(s, bc, t) for s, bc, t in parts if not (not bc and is_onehot(canon(t)[0]))]
+        if not rest:
+            zeros = self._constant("zeros", b.shape, "zeros")
+            acc = self._new(None, "scale", [zeros.read((1.0,))], shape=b.shape)
+        elif len(rest) == 1 and not rest[0][1]:
+            ref = self._matrix(self.ref(rest[0][2]))
+            acc = self._new(None, "scale", [ref.read((float(rest[0][0]),))], shape=b.shape)
+        else:
+            terms = [(bc, s < 0, self._matrix(self.ref(t))) for s, bc, t in rest]
+            terms.sort(key=lambda p: (p[0], p[1]))
+            if terms[0][0]:  # only rows: start from zeros of the full shape
+                terms.insert(0, (False, False, self._constant("zeros", b.shape, "zeros")))
+            acc = self._new(None, "sum", [r.read() for _, _, r in terms],
+                            signs=tuple(-1 if neg else 1 for _, neg, _ in terms), head=2, shape=b.shape)
+        for sign, t in ones:
+            out = self._value(self._hint(b), b.shape)
+            self._add(Op("add_ids", [out], [acc.read(), Read(self.refs[canon(t)[0]].var)], sign=float(sign)))
+            acc = _Ref(out)
+        return acc
+
+    def check_ids(self) -> None:
+        """An FdslError where an op other than the kinds that read ids reads them: the program uses
+        a onehot constant in a way that only its one-hot matrix could compute."""
+        for op in self.sweep:
+            if op.kind in IDS_KINDS:
+                continue
+            for v in op.values_read():
+                if getattr(v, "ids", False):
+                    raise FdslError("%s is declared onehot, and the generated code computes with its ids, not its "
+                                    "one-hot matrix; it cannot compute this use of it (%s of it): declare %s without "
+                                    "onehot and give its one-hot rows" % (v.hint, op.kind, v.hint))
+
+
+def summed_scatter(sweep: Sweep, v: Value) -> bool:
+    """A gradient that is a scatter (the embedding's), read by nothing but the return, summed over
+    the batch in the same scatter (``total``): every example's rows added into one (v, cols)
+    array, never a (batch, v, cols) one. False: left as it is."""
+    op = sweep.maker.get(v)
+    if op is None or op.kind != "scatter" or op.attrs.get("total") or sweep.readers.get(v):
+        return False
+    op.attrs["total"] = True  # as in fusion.summed_product
+    return True

@@ -1,0 +1,250 @@
+"""Constants declared ``n x v onehot`` and given as ids (``fdsl.codegen.onehot``): the gradients and
+the loss from ids equal those from the one-hot matrices (numpy and torch, one example and a batch,
+float64 to 1e-12); each lowering rule leaves its op in the IR, so that switching it off fails here
+(the lowering refuses any other op on ids); the located messages for ids out of range, non-integer
+ids and a matrix where ids are declared; and no (n, v) one-hot tensor among the aten calls of a
+torch sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_codegen import import_module
+
+import fdsl
+from fdsl.base.errors import FdslError
+from fdsl.calculus.gradients import gradient_terms, loss_of
+from fdsl.cli import main
+from fdsl.codegen import generated as codegen
+from fdsl.codegen.lowering import Lowering
+
+EXACT = 1e-12
+N, V, D = 5, 11, 3  # the vocabulary differs from every other size: an (n, v) array is the one-hot's shape
+
+# a small language model: embedding, GELU, unembedding, next-token cross-entropy
+LM = """dim n = %d, v = %d, d = %d
+const X, Y : n x v%s
+weight E : v x d, U : d x v
+L = -trace(Y^t logsoftmax(gelu(X E) U))
+w = -d(L)
+""" % (N, V, D, "%s")
+
+
+def lm(onehot: bool):
+    return fdsl.parse(LM % (" onehot" if onehot else ""))
+
+
+def source(p, target: str) -> str:
+    w = p.normal_form(p["w"])
+    return codegen.gradients_source(w, p.dims, "lm", target, None, loss_of(p["w"]))
+
+
+def module(tmp_path, onehot: bool, target: str):
+    path = tmp_path / ("lm_%s_%s.py" % ("ids" if onehot else "dense", target))
+    path.write_text(source(lm(onehot), target))
+    return import_module(path, path.stem)
+
+
+def lowering(p, target="numpy") -> Lowering:
+    w = p.normal_form(p["w"])
+    low = Lowering(gradient_terms(w), p.dims, target, loss=loss_of(p["w"]))
+    low.lower()
+    return low
+
+
+def draw(batch=None, seed=0):
+    rng = np.random.default_rng(seed)
+    lead = () if batch is None else (batch,)
+    ids = {"X": rng.integers(0, V, lead + (N,)), "Y": rng.integers(0, V, lead + (N,))}
+    weights = {"E": rng.standard_normal((V, D)), "U": rng.standard_normal((D, V))}
+    return ids, weights
+
+
+def one_hot(ids):
+    return np.eye(V)[ids]
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+@pytest.mark.parametrize("batch", [None, 4, 3000])  # 3000: numpy cuts it into pieces
+def test_gradients_and_loss_from_ids_equal_those_from_one_hot_matrices(tmp_path, target, batch):
+    if target == "torch":
+        torch = pytest.importorskip("torch")
+        convert = lambda d: {k: torch.as_tensor(v) for k, v in d.items()}  # noqa: E731
+    else:
+        convert = lambda d: d  # noqa: E731
+    ids, weights = draw(batch)
+    got, loss = module(tmp_path, True, target).grads_and_loss(convert({**ids, **weights}))
+    want, want_loss = module(tmp_path, False, target).grads_and_loss(
+        convert({**{k: one_hot(v) for k, v in ids.items()}, **weights}))
+    assert abs(float(loss) - float(want_loss)) <= EXACT * abs(float(want_loss))
+    for name in want:
+        g, h = np.asarray(got[name]), np.asarray(want[name])
+        assert g.shape == h.shape
+        assert np.abs(g - h).max() <= EXACT * np.abs(h).max()
+
+
+def test_each_rule_leaves_its_op_and_no_other_op_reads_ids():
+    for target in ("numpy", "torch"):
+        low = lowering(lm(True), target)
+        kinds = [op.kind for op in low.sweep]
+        # X E: a lookup; X^t G: a scatter summed over the batch; trace(Y^t logsoftmax(Z)): a gather;
+        # Y - a(Z) rowsum(Y): 1 added at the ids
+        assert kinds.count("lookup") == 1 and kinds.count("pick_sum") == 1 and kinds.count("add_ids") == 1
+        scatter = [op for op in low.sweep if op.kind == "scatter"]
+        assert len(scatter) == 1 and scatter[0].attrs.get("total")
+        for op in low.sweep:
+            if op.kind not in ("lookup", "scatter", "pick_sum", "add_ids"):
+                assert not any(v.ids for v in op.values_read()), op
+        # rowsum(Y) is a column of ones that multiplies nothing: no Hadamard product with it
+        assert not [op for op in low.sweep if op.kind == "template" and op.attrs["op"] == "had"]
+        assert not [op for op in low.sweep if op.kind == "sum_axis"]
+
+
+def test_a_product_with_ids_on_the_right_is_the_transpose_of_a_lookup():
+    p = fdsl.parse("""dim n = 4, v = 9, d = 3
+const X : n x v onehot
+const T : n x d
+weight A : d x v
+L = trace(T A X^t)
+w = -d(L)
+""")
+    low = lowering(p)
+    # A X^t = (X A^t)^t: a lookup of the rows of A^t; trace(T (A X^t)) then reads it
+    lookups = [op for op in low.sweep if op.kind == "lookup"]
+    assert len(lookups) == 1 and lookups[0].args[1].value.hint == "A" and lookups[0].args[1].t
+
+
+def test_the_chain_order_counts_a_lookup_at_the_size_of_its_result():
+    # X A B with n = 10, v = 100, d = 10, k = 1: as products, X (A B) is cheaper; as a lookup, (X A) B
+    # is, and it looks up the rows of A rather than computing A B over the whole vocabulary
+    p = fdsl.parse("""dim n = 10, v = 100, d = 10, k = 1
+const X : n x v onehot
+const T : k x n
+weight A : v x d, B : d x k
+L = trace(T X A B)
+w = -d(L)
+""")
+    low = Lowering({"L": p["L"]}, p.dims)
+    low.lower()
+    lookup = next(op for op in low.sweep if op.kind == "lookup")
+    assert lookup.args[1].value.hint == "A"
+
+
+def test_eval_from_ids_equals_eval_from_the_one_hot_matrices():
+    from fdsl.numbers.values import evaluate_in, program_values
+
+    ids, weights = draw()
+    a, b = lm(True), lm(False)
+    program_values(a).update({**ids, **weights})
+    program_values(b).update({**{k: one_hot(v) for k, v in ids.items()}, **weights})
+    got, want = evaluate_in(a, a["L"])[0, 0], evaluate_in(b, b["L"])[0, 0]
+    assert abs(got - want) <= EXACT * abs(want)
+
+
+def _values_file(path, values):
+    np.savez(path, **values)
+    return str(path)
+
+
+@pytest.mark.parametrize("bad, said", [
+    (lambda ids: dict(ids, X=np.where(np.arange(N) == 3, V + 2, ids["X"])),
+     "the value of X in %s has the id 13 at (3,), outside [0, v) = [0, 11)"),
+    (lambda ids: dict(ids, X=ids["X"].astype(float)), "the value of X in %s must hold integer ids, not float64"),
+    (lambda ids: dict(ids, X=one_hot(ids["X"])), "the value of X in %s is a matrix of shape (5 x 11), where ids "
+                                                 "are declared"),
+])
+def test_bad_ids_get_a_located_message_and_exit_2(tmp_path, capsys, bad, said):
+    fd = tmp_path / "lm.fd"
+    fd.write_text(LM % " onehot")
+    ids, weights = draw()
+    path = _values_file(tmp_path / "bad.npz", {**bad(ids), **weights})
+    for args in (["grad", str(fd), "--form", "w", "--out", str(tmp_path / "g.npz")],
+                 ["train", str(fd), "--form", "w", "--steps", "1", "--lr", "0.1"],
+                 ["run", str(fd), "-e", "show eval(L)"]):
+        capsys.readouterr()
+        assert main(args + ["--values", path]) == 2
+        err = capsys.readouterr().err
+        assert said % path in err, err
+        assert err.startswith(path + ": ") or ":1:" in err  # the file, or the statement that read it
+    assert not (tmp_path / "g.npz").exists()
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_the_generated_module_says_which_ids_are_wrong(tmp_path, target):
+    if target == "torch":
+        pytest.importorskip("torch")
+    grads = module(tmp_path, True, target).grads
+    ids, weights = draw()
+    with pytest.raises(ValueError, match=r"X has the id 11 at \(2,\), outside \[0, 11\)"):
+        grads({**ids, **weights, "X": np.where(np.arange(N) == 2, V, ids["X"])})
+    with pytest.raises(ValueError, match=r"X is a matrix of shape \(5, 11\), where ids are declared"):
+        grads({**ids, **weights, "X": one_hot(ids["X"])})
+    with pytest.raises(ValueError, match="X holds .*float.*, not integer ids"):
+        grads({**ids, **weights, "X": ids["X"].astype(np.float64)})
+
+
+def test_a_use_that_only_the_matrix_could_compute_is_refused_at_generation():
+    p = fdsl.parse("""dim n = 4, v = 9
+const X : n x v onehot
+weight A : n x v
+L = trace(A^t gelu(X))
+w = -d(L)
+""")
+    with pytest.raises(FdslError, match="X is declared onehot, and the generated code computes with its ids"):
+        lowering(p)
+
+
+def test_onehot_is_for_plain_constants():
+    with pytest.raises(FdslError, match="only a const without indices or a value can be declared onehot"):
+        fdsl.parse("dim n = 2, v = 3\nweight W : n x v onehot\n")
+    with pytest.raises(FdslError, match="W is a family"):
+        fdsl.parse("dim n = 2, v = 3\nconst W[i] : n x v onehot\n")
+
+
+def test_modules_without_ids_carry_no_helpers_of_ids():
+    dense, ids = source(lm(False), "numpy"), source(lm(True), "numpy")
+    assert "def _lookup" not in dense and "def _lookup" in ids
+
+
+def test_no_one_hot_tensor_among_the_aten_calls_of_a_torch_sweep(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    seen.append((str(func), t.detach().clone()))
+            return out
+
+    m = module(tmp_path, True, "torch")
+    ids, weights = draw(batch=4)
+    values = {k: torch.as_tensor(v) for k, v in {**ids, **weights}.items()}
+    with Record():
+        m.grads_and_loss(values)
+    names = {name for name, _ in seen}
+    assert not [n for n in names if "one_hot" in n]
+    assert any("embedding" in n for n in names) and any("index_add" in n for n in names)
+    assert any("gather" in n for n in names) and any("scatter_add" in n for n in names)
+    for name, t in seen:
+        if t.dim() >= 2 and tuple(t.shape[-2:]) == (N, V) and t.is_floating_point():
+            ones = (t == 1).sum(-1)
+            assert not (((t == 0) | (t == 1)).all() and (ones == 1).all()), "%s made a one-hot tensor" % name
+
+
+def test_rowsum_of_ids_is_a_column_of_ones(tmp_path):
+    p = fdsl.parse("""dim n = 4, v = 9
+const X : n x v onehot
+weight A : n x v, B : n x 1
+L = trace(A^t X) + 3 trace(B^t rowsum(X))
+""")
+    low = Lowering({"L": p["L"]}, p.dims)
+    namespace = codegen.compile_namespace(low.source("rowsum of ids"))
+    assert [op for op in low.module_consts if op.attrs["make"] == "ones"]
+    rng = np.random.default_rng(2)
+    x, A, B = rng.integers(0, 9, 4), rng.standard_normal((4, 9)), rng.standard_normal((4, 1))
+    got = namespace["grads"]({"X": x, "A": A, "B": B})["L"]
+    assert abs(float(np.asarray(got).reshape(-1)[0]) - (np.sum(A * np.eye(9)[x]) + 3 * B.sum())) <= EXACT * 10
