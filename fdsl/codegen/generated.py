@@ -43,13 +43,14 @@ TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and 
 class FdslLoss(torch.autograd.Function):
     """The loss L (%(loss)s) whose backward is fdsl's closed-form gradient: the forward is the generated
     sweep (it computes the gradients with the loss, without recording a graph) and the backward
-    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient, shaped like W (a scalar
-    weight too). Inputs that are not weights (the data) get no gradient."""
+    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient, shaped like W as given (a
+    scalar weight too, and a row weight given 1-D, as torch's biases are). Inputs that are not
+    weights (the data) get no gradient."""
 
     @staticmethod
     def forward(ctx, scalars, *tensors):
         values = dict(scalars)
-        values.update(zip(TRAINED, tensors))
+        values.update((name, _declared(name, t)) for name, t in zip(TRAINED, tensors))
         g, value = grads_and_loss(values)
         ctx.grads, ctx.shapes = g, [t.shape if torch.is_tensor(t) else None for t in tensors]
         return value
@@ -72,12 +73,22 @@ class FdslLoss(torch.autograd.Function):
         return (None,) + tuple(out)
 
 
+_ROWS = frozenset(name for name in WEIGHTS if SHAPES[name] is not None and len(SHAPES[name]) == 2
+                  and SHAPES[name][0] == 1)  # the weights of one row: biases, gains
+
+
+def _declared(name, x):
+    """A row weight given 1-D, (d,) as torch holds a bias, as the 1 x d matrix the sweep reads (a view)."""
+    return x.view(1, -1) if name in _ROWS and torch.is_tensor(x) and x.dim() == 1 else x
+
+
 def loss(values: dict):
     """The loss L (%(loss)s) at ``values`` (tensors by printed name; a batch axis on the data sums the
     loss over it), differentiable in the weights through fdsl's closed-form gradient:
-    ``loss(values).backward()`` fills the ``.grad`` of the weight tensors that require it."""
+    ``loss(values).backward()`` fills the ``.grad`` of the weight tensors that require it. A row
+    weight (1 x d) may be given 1-D, as a Model's parameter is."""
     if not torch.is_grad_enabled():  # evaluation: the forward sweep alone
-        return grads_and_loss(values, False)[1]
+        return grads_and_loss({name: _declared(name, v) for name, v in values.items()}, False)[1]
     scalars = {name: v for name, v in values.items() if name not in TRAINED}
     return FdslLoss.apply(scalars, *(values[name] for name in TRAINED))
 
@@ -93,9 +104,11 @@ class Model(torch.nn.Module):
     Every weight is a parameter of its own, under its printed name: ``named_parameters()`` yields
     ``Q_0``, ``K_0``, ...; ``state_dict()`` and ``load_state_dict()`` go by those names, and
     optimiser parameter groups work as for any module (weight decay on the matrices alone:
-    ``[p for p in model.parameters() if p.dim() >= 2]``). A printed name that torch.nn.Module
-    uses itself (``training``, ``to``, ``forward``) gets an underscore (``training_``). A scalar
-    weight (``weight g : scalar``) is a 0-d parameter. The backward hands each parameter its
+    ``[p for p in model.parameters() if p.dim() >= 2]``, as nanoGPT's). A printed name that
+    torch.nn.Module uses itself (``training``, ``to``, ``forward``) gets an underscore
+    (``training_``). Parameters are shaped as torch's are: a weight of one row (``1 x d``, a bias
+    or a layer norm's gain) is 1-D, ``(d,)``, and a scalar weight (``weight g : scalar``) 0-d;
+    initial values may be given either way. The backward hands each parameter its
     gradient, the generated sweep's tensor scaled (one foreach product for all of them), and
     autograd puts it in ``.grad``; the optimiser's multi-tensor paths (``foreach=True``,
     ``fused=True``) step them together. ``weight(name)`` and ``named_weights()`` give the
@@ -117,6 +130,8 @@ class Model(torch.nn.Module):
                 value = torch.as_tensor(weights[name], dtype=dtype, device=device)
                 if shape == () and tuple(value.shape) in ((1,), (1, 1)):  # a scalar given 1 x 1
                     value = value.reshape(())
+                if name in _ROWS and value.dim() == 1:  # a row given as torch holds one
+                    value = value.reshape(1, -1)
                 if shape is not None and None not in shape and tuple(value.shape) != shape:
                     raise ValueError("%%s has shape %%s, not %%s" %% (name, tuple(value.shape), shape))
                 value = value.clone()  # the model's own numbers, whatever it was given
@@ -126,6 +141,8 @@ class Model(torch.nn.Module):
                 value = torch.randn(shape, dtype=dtype, device=device, generator=generator)
                 if shape:
                     value = value / shape[0] ** 0.5
+            if name in _ROWS:
+                value = value.reshape(-1)
             self.register_parameter(self._names[name], torch.nn.Parameter(value))
 
     def named_weights(self):
@@ -145,7 +162,7 @@ class Model(torch.nn.Module):
     def forward(self, **data):
         weights = dict(self.named_weights())
         if not torch.is_grad_enabled():  # evaluation (torch.no_grad()): the forward sweep alone
-            return grads_and_loss(dict(data, **weights), False)[1]
+            return loss(dict(data, **weights))
         scalars = {name: v for name, v in data.items() if name not in _DATA_NAMES}
         return FdslLoss.apply(scalars, *(weights[name] if name in weights else data[name] for name in TRAINED))
 '''
