@@ -145,14 +145,14 @@ def test_scalar_weights_are_0d_parameters():
     ref = {name: p.detach().clone().requires_grad_(True) for name, p in model.named_parameters()}
     want = 0.5 * ((Y - ref["g"] * X @ ref["W"] - ref["b"]) ** 2).sum()
     want.backward()
-    assert abs(float(loss) - float(want)) <= 1e-12 * float(want)
+    assert abs(float(loss.detach()) - float(want.detach())) <= 1e-12 * float(want.detach())
     for name, p in model.named_parameters():
         assert p.grad.shape == p.shape, name
         assert float((p.grad - ref[name].grad).abs().max()) <= 1e-12 * float(ref[name].grad.abs().max()), name
     # a 0-d value, a 1 x 1 one (as value files allow) and a number are all the scalar weight
     for given in (torch.tensor(0.25), torch.tensor([[0.25]]), 0.25):
         other = ns["Model"]({"g": given, "W": model.W.detach(), "b": model.b.detach().reshape(1, 3)})
-        assert other.g.shape == () and float(other.g) == 0.25 and other.b.shape == (3,)
+        assert other.g.shape == () and float(other.g.detach()) == 0.25 and other.b.shape == (3,)
     with pytest.raises(ValueError, match="W has shape"):
         ns["Model"]({"W": torch.zeros(2, 3)})
     torch.optim.AdamW(model.parameters(), lr=0.1, fused=True).step()  # 0-d parameters in a fused step
