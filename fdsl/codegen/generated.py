@@ -108,12 +108,12 @@ class Model(torch.nn.Module):
     torch.nn.Module uses itself (``training``, ``to``, ``forward``) gets an underscore
     (``training_``). Parameters are shaped as torch's are: a weight of one row (``1 x d``, a bias
     or a layer norm's gain) is 1-D, ``(d,)``, and a scalar weight (``weight g : scalar``) 0-d;
-    initial values may be given either way. The backward hands each parameter its
-    gradient, the generated sweep's tensor scaled (one foreach product for all of them), and
-    autograd puts it in ``.grad``; the optimiser's multi-tensor paths (``foreach=True``,
-    ``fused=True``) step them together. ``weight(name)`` and ``named_weights()`` give the
-    parameters by printed name, ``gradients()`` their ``.grad``. Under ``torch.no_grad()`` the
-    loss is the forward sweep alone, without the gradients."""
+    initial values may be given either way. The backward hands each parameter its gradient, the
+    generated sweep's tensor scaled (one foreach product for all of them), and autograd puts it
+    in ``.grad`` without a copy; an optimiser's multi-tensor path (``fused=True``, or
+    ``foreach=True`` on a GPU) steps them together. ``weight(name)`` and ``named_weights()`` give
+    the parameters by printed name, ``gradients()`` their ``.grad``. Under ``torch.no_grad()``
+    the loss is the forward sweep alone, without the gradients."""
 
     def __init__(self, weights=None, dtype=torch.float64, device=None, generator=None):
         super().__init__()
