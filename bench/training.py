@@ -170,7 +170,8 @@ class Reference(nn.Module):
 
 
 def copy_weights(model, ref: Reference):
-    """fdsl's weights into the reference (nn.Linear holds W^t; heads side by side in the fused QKV)."""
+    """fdsl's weights into the reference (nn.Linear holds W^t; heads side by side in the fused QKV;
+    a row weight, 1 x d, is a 1-D parameter of the Model, as torch's biases and gains are)."""
     W = dict(model.named_weights())
     with torch.no_grad():
         ref.tok.weight.copy_(W["E"])
@@ -181,16 +182,16 @@ def copy_weights(model, ref: Reference):
             v = torch.cat([W["V_%d_%d" % (i, j)] for j in range(HEADS)], 1)
             block.qkv.weight.copy_(torch.cat([q, k, v], 1).T)
             block.proj.weight.copy_(torch.cat([W["O_%d_%d" % (i, j)] for j in range(HEADS)], 0).T)
-            block.ln1.weight.copy_(W["g1_%d" % i][0])
-            block.ln1.bias.copy_(W["b1_%d" % i][0])
-            block.ln2.weight.copy_(W["g2_%d" % i][0])
-            block.ln2.bias.copy_(W["b2_%d" % i][0])
+            block.ln1.weight.copy_(W["g1_%d" % i].reshape(-1))
+            block.ln1.bias.copy_(W["b1_%d" % i].reshape(-1))
+            block.ln2.weight.copy_(W["g2_%d" % i].reshape(-1))
+            block.ln2.bias.copy_(W["b2_%d" % i].reshape(-1))
             block.fc1.weight.copy_(W["W1_%d" % i].T)
-            block.fc1.bias.copy_(W["c1_%d" % i][0])
+            block.fc1.bias.copy_(W["c1_%d" % i].reshape(-1))
             block.fc2.weight.copy_(W["W2_%d" % i].T)
-            block.fc2.bias.copy_(W["c2_%d" % i][0])
-        ref.ln_f.weight.copy_(W["gf"][0])
-        ref.ln_f.bias.copy_(W["bf"][0])
+            block.fc2.bias.copy_(W["c2_%d" % i].reshape(-1))
+        ref.ln_f.weight.copy_(W["gf"].reshape(-1))
+        ref.ln_f.bias.copy_(W["bf"].reshape(-1))
         ref.head.weight.copy_(W["U"].T)
 
 
@@ -285,9 +286,9 @@ def counts(step, x, y):
     return c.calls, c.products, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
 
 
-def timing(module, ids, batch, rounds, inner, compiled, foreach=None):
+def timing(module, ids, batch, rounds, inner, compiled, foreach=None, fused=None):
     def adam(m):
-        return torch.optim.Adam(m.parameters(), lr=1e-3, foreach=foreach)
+        return torch.optim.Adam(m.parameters(), lr=1e-3, foreach=foreach, fused=fused)
 
     ours, ref = pair(module, torch.float32)
     steps = {"fdsl": step_fn(ours, adam(ours)), "autograd": step_fn(ref, adam(ref))}
@@ -311,6 +312,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of both models")
     ap.add_argument("--foreach", action="store_true", help="Adam(foreach=True) on both sides (the default on "
                     "CPU is one parameter at a time)")
+    ap.add_argument("--fused", action="store_true", help="Adam(fused=True) on both sides (one kernel for every "
+                    "parameter)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md as it is")
     args = ap.parse_args(argv)
 
@@ -340,13 +343,15 @@ def main(argv=None) -> int:
     say()
     say("(fdsl / autograd for the losses.) One float32 training step (zero_grad, forward, backward, Adam%s), "
         "%d rounds of %d steps, interleaved; milliseconds a step, the median round (the best one in brackets):"
-        % (" with foreach=True" if args.foreach else "", args.rounds, args.inner))
+        % (" with foreach=True" if args.foreach else " with fused=True" if args.fused else "", args.rounds,
+           args.inner))
     say()
     say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd, median (best) | aten calls fdsl / autograd | "
         "matrix products fdsl / autograd | page faults a step fdsl / autograd |")
     say("|---|---|---|---|---|---|---|---|")
     for batch in (8, 64):
-        t, counted = timing(module, ids, batch, args.rounds, args.inner, args.compile, args.foreach or None)
+        t, counted = timing(module, ids, batch, args.rounds, args.inner, args.compile, args.foreach or None,
+                            args.fused or None)
         (cf, pf, ff), (ca, pa, fa) = counted["fdsl"], counted["autograd"]
 
         def row(mode, ours, theirs, rest):

@@ -73,6 +73,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--text", default=str(ROOT / "README.md"), help="what to train on (default: the README)")
     parser.add_argument("--sample", type=int, default=300, help="characters to generate at the end")
+    parser.add_argument("--weight-decay", type=float, default=0.0,
+                        help="AdamW's decay, on the matrices only (biases and gains are 1-D), as nanoGPT's")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -87,7 +89,9 @@ def main(argv=None) -> int:
             elif name[:2] in ("b1", "b2", "c1", "c2") or name == "bf":
                 p.zero_()
     ids = torch.tensor(encode(Path(args.text).read_text(encoding="utf-8")), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=args.lr)
     bar = tqdm(range(args.steps), desc="training", unit="step")
     for step in bar:
         starts = torch.randint(0, len(ids) - CONTEXT - 1, (args.batch,), generator=g).to(device)

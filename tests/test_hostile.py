@@ -549,7 +549,10 @@ def _check_torch_model(path: Path):
             "assert len(names) == 4 and model.training is True and callable(model.forward), names\n"
             "loss = model(X=torch.ones(3, 2, dtype=torch.float64), Y=torch.zeros(3, 2, dtype=torch.float64))\n"
             "loss.backward(); assert sorted(model.gradients()) == names\n"
-            "assert all(bool(g.abs().sum() > 0) for g in model.gradients().values())\n")
+            "assert all(bool(g.abs().sum() > 0) for g in model.gradients().values())\n"
+            "params = sorted(n for n, _ in model.named_parameters())\n"  # nn.Module's own names get a _
+            "assert params == ['cuda_', 'forward_', 'training_', 'w_training'], params\n"
+            "model.eval(); assert model.training is False and sorted(model.state_dict()) == params\n")
     pytest.importorskip("torch")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

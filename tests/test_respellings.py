@@ -46,12 +46,14 @@ BATCH = 2
 # spellings have them, its ops are these, whatever the number of heads (the runtime keeps a scalar
 # of a batch as a (batch, 1, 1) array, and hands a gradient out shaped like its weight):
 TEMPERATURE_OPS = {
-    "read tau_i, a 1 x 1 view of the flat weights, as a number (tau_i s is then a Python product)": 1,
+    "read tau_i, a 0-d parameter of the Model, as a number (tau_i s is then a Python product)": 1,
     "multiply G by q k^t entry by entry (every head and example at once)": 1,
     "sum that product over the heads and the entries": 1,
     "keep each example's sum as a (batch, 1, 1) array, as every scalar of a batch is": 2,
     "scale it by s": 1,
     "the weight's 1 x 1 gradient: the sum over the batch, expanded to the weight's shape, copied": 3,
+    "that gradient as the 0-d parameter's (a view)": 1,
+    "autograd's AccumulateGrad gives it to the parameter (a detach, as for every parameter)": 1,
 }
 TEMPERATURE_PRODUCTS = 0  # matrix products: none (above)
 
@@ -97,15 +99,15 @@ def count(example: str, how: str) -> tuple:
         data["s"] = k ** -0.5  # a number, as the generated docstring asks
 
     def step():
-        model.flat.grad = None
+        model.zero_grad(set_to_none=True)
         loss = model(**data)
         loss.backward()
         return float(loss.detach())
 
-    step()  # the first call makes the views of the weights and the gradient buffer
+    step()  # warm
     with _Count() as c:
         loss = step()
-    assert model.flat.grad is not None and bool(torch.isfinite(model.flat.grad).all())
+    assert all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
     return c, loss
 
 

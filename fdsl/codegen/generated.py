@@ -35,7 +35,7 @@ from .targets import TARGETS
 _TORCH_TRAINING = '''# ---- training with torch -----------------------------------------------------------------------
 
 WEIGHTS = %(weights)r  # the weights, in the order of their gradients
-SHAPES = %(shapes)r  # None: a dim read off the values
+SHAPES = %(shapes)r  # None: a dim read off the values; (): a scalar weight, 0-d
 DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one ((rows,): ids)
 TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and the scalar weights
 
@@ -43,13 +43,14 @@ TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and 
 class FdslLoss(torch.autograd.Function):
     """The loss L (%(loss)s) whose backward is fdsl's closed-form gradient: the forward is the generated
     sweep (it computes the gradients with the loss, without recording a graph) and the backward
-    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient, shaped like W (a scalar
-    weight too). Inputs that are not weights (the data) get no gradient."""
+    hands them out, dL/dW = -G_W^t, scaled by the incoming gradient, shaped like W as given (a
+    scalar weight too, and a row weight given 1-D, as torch's biases are). Inputs that are not
+    weights (the data) get no gradient."""
 
     @staticmethod
     def forward(ctx, scalars, *tensors):
         values = dict(scalars)
-        values.update(zip(TRAINED, tensors))
+        values.update((name, _declared(name, t)) for name, t in zip(TRAINED, tensors))
         g, value = grads_and_loss(values)
         ctx.grads, ctx.shapes = g, [t.shape if torch.is_tensor(t) else None for t in tensors]
         return value
@@ -72,63 +73,27 @@ class FdslLoss(torch.autograd.Function):
         return (None,) + tuple(out)
 
 
+_ROWS = frozenset(name for name in WEIGHTS if SHAPES[name] is not None and len(SHAPES[name]) == 2
+                  and SHAPES[name][0] == 1)  # the weights of one row: biases, gains
+
+
+def _declared(name, x):
+    """A row weight given 1-D, (d,) as torch holds a bias, as the 1 x d matrix the sweep reads (a view)."""
+    return x.view(1, -1) if name in _ROWS and torch.is_tensor(x) and x.dim() == 1 else x
+
+
 def loss(values: dict):
     """The loss L (%(loss)s) at ``values`` (tensors by printed name; a batch axis on the data sums the
     loss over it), differentiable in the weights through fdsl's closed-form gradient:
-    ``loss(values).backward()`` fills the ``.grad`` of the weight tensors that require it."""
+    ``loss(values).backward()`` fills the ``.grad`` of the weight tensors that require it. A row
+    weight (1 x d) may be given 1-D, as a Model's parameter is."""
     if not torch.is_grad_enabled():  # evaluation: the forward sweep alone
-        return grads_and_loss(values, False)[1]
+        return grads_and_loss({name: _declared(name, v) for name, v in values.items()}, False)[1]
     scalars = {name: v for name, v in values.items() if name not in TRAINED}
     return FdslLoss.apply(scalars, *(values[name] for name in TRAINED))
 
 
-class _FlatLoss(torch.autograd.Function):
-    """FdslLoss for a Model: the weights come as views of one flat tensor, and the backward writes
-    every gradient into one flat tensor with one copy call."""
-
-    @staticmethod
-    def forward(ctx, shapes, scalars, views, flat, *data):
-        values = dict(scalars)
-        values.update(zip(_DATA_NAMES, data))
-        values.update(zip(WEIGHTS, views if views is not None else _views(flat, shapes)))
-        g, value = grads_and_loss(values)
-        ctx.grads, ctx.shapes = g, shapes
-        return value
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        g, shapes = ctx.grads, ctx.shapes
-        del ctx.grads, ctx.shapes
-        if torch.compiler.is_compiling():
-            flat = torch.empty(sum(_numel(s) for s in shapes), dtype=grad_loss.dtype, device=grad_loss.device)
-            views = _views(flat, shapes)
-        else:  # one buffer and its views, made once (what .grad gets is the new scaled tensor)
-            key = (grad_loss.dtype, grad_loss.device, shapes)
-            if key not in _BUFFERS:
-                _BUFFERS.clear()
-                flat = torch.empty(sum(_numel(s) for s in shapes), dtype=grad_loss.dtype, device=grad_loss.device)
-                _BUFFERS[key] = (flat, _views(flat, shapes))
-            flat, views = _BUFFERS[key]
-        parts = [x if torch.is_tensor(x) and tuple(x.shape) == s else torch.as_tensor(x, dtype=flat.dtype,
-                 device=flat.device).reshape(s) for x, s in ((g[name], s) for name, s in zip(WEIGHTS, shapes))]
-        torch._foreach_copy_(views, parts)
-        return (None, None, None, flat * -grad_loss) + (None,) * len(_DATA_NAMES)
-
-
 _DATA_NAMES = tuple(name for name in TRAINED if name not in WEIGHTS)  # the inputs that are not weights
-_BUFFERS: dict = {}  # (dtype, device, shapes) -> (a flat gradient buffer, its views by weight)
-
-
-def _numel(shape):
-    n = 1
-    for side in shape:
-        n *= side
-    return n
-
-
-def _views(flat, shapes):
-    """The weights as views of ``flat``, in the order of WEIGHTS, shaped ``shapes``."""
-    return [part.view(shape) for part, shape in zip(flat.split([_numel(s) for s in shapes]), shapes)]
 
 
 class Model(torch.nn.Module):
@@ -136,58 +101,70 @@ class Model(torch.nn.Module):
     DistributedDataParallel. ``weights``: initial values by name (default: normal entries scaled
     by 1/sqrt(rows), as fdsl's ``random`` draws them).
 
-    The weights live in one flat parameter, ``flat`` (as FSDP's FlatParameter does): an optimiser
-    step is a few calls on one tensor, not a few per weight, and the gradients of a step are
-    written into one tensor by one call. ``weight(name)``, ``named_weights()`` and
-    ``gradients()`` give each weight (and its gradient) as a view, by printed name; a view of the
-    weight shares its storage (an in-place change under ``torch.no_grad()`` changes the model).
-    Under ``torch.no_grad()`` the loss is the forward sweep alone, without the gradients."""
+    Every weight is a parameter of its own, under its printed name: ``named_parameters()`` yields
+    ``Q_0``, ``K_0``, ...; ``state_dict()`` and ``load_state_dict()`` go by those names, and
+    optimiser parameter groups work as for any module (weight decay on the matrices alone:
+    ``[p for p in model.parameters() if p.dim() >= 2]``, as nanoGPT's). A printed name that
+    torch.nn.Module uses itself (``training``, ``to``, ``forward``) gets an underscore
+    (``training_``). Parameters are shaped as torch's are: a weight of one row (``1 x d``, a bias
+    or a layer norm's gain) is 1-D, ``(d,)``, and a scalar weight (``weight g : scalar``) 0-d;
+    initial values may be given either way. The backward hands each parameter its gradient, the
+    generated sweep's tensor scaled (one foreach product for all of them), and autograd puts it
+    in ``.grad`` without a copy; an optimiser's multi-tensor path (``fused=True``, or
+    ``foreach=True`` on a GPU) steps them together. ``weight(name)`` and ``named_weights()`` give
+    the parameters by printed name, ``gradients()`` their ``.grad``. Under ``torch.no_grad()``
+    the loss is the forward sweep alone, without the gradients."""
 
     def __init__(self, weights=None, dtype=torch.float64, device=None, generator=None):
         super().__init__()
-        values = []
+        taken = set(dir(self))
+        self._names = {}  # printed name -> parameter name
         for name in WEIGHTS:
+            param = name
+            while param in taken or (param != name and param in WEIGHTS):
+                param += "_"
+            self._names[name] = param
+            taken.add(param)
+            shape = SHAPES[name]
             if weights is not None and name in weights:
                 value = torch.as_tensor(weights[name], dtype=dtype, device=device)
-                if SHAPES[name] is not None and None not in SHAPES[name] and tuple(value.shape) != SHAPES[name]:
-                    raise ValueError("%%s has shape %%s, not %%s" %% (name, tuple(value.shape), SHAPES[name]))
+                if shape == () and tuple(value.shape) in ((1,), (1, 1)):  # a scalar given 1 x 1
+                    value = value.reshape(())
+                if name in _ROWS and value.dim() == 1:  # a row given as torch holds one
+                    value = value.reshape(1, -1)
+                if shape is not None and None not in shape and tuple(value.shape) != shape:
+                    raise ValueError("%%s has shape %%s, not %%s" %% (name, tuple(value.shape), shape))
+                value = value.clone()  # the model's own numbers, whatever it was given
             else:
-                shape = SHAPES[name]
                 if None in shape:
                     raise ValueError("the shape of %%s has a dim without a size: give its initial value" %% name)
-                value = torch.randn(shape, dtype=dtype, device=device, generator=generator) / shape[0] ** 0.5
-            values.append(value)
-        self.shapes = tuple(tuple(v.shape) for v in values)  # of each weight, in the order of WEIGHTS
-        self.flat = torch.nn.Parameter(torch.cat([v.reshape(-1) for v in values]))
-        self._views = (None, None)  # (where flat was, the weights as views of it)
+                value = torch.randn(shape, dtype=dtype, device=device, generator=generator)
+                if shape:
+                    value = value / shape[0] ** 0.5
+            if name in _ROWS:
+                value = value.reshape(-1)
+            self.register_parameter(self._names[name], torch.nn.Parameter(value))
 
     def named_weights(self):
-        """(printed name, the weight as a view of ``flat``) for every weight."""
-        return zip(WEIGHTS, _views(self.flat.detach(), self.shapes))
+        """(printed name, its parameter) for every weight, in the order of WEIGHTS."""
+        return ((name, self._parameters[param]) for name, param in self._names.items())
 
     def weight(self, name):
-        """The weight ``name`` as a view of ``flat``."""
-        return dict(self.named_weights())[name]
+        """The parameter of the weight ``name``."""
+        return self._parameters[self._names[name]]
 
     def gradients(self):
-        """The gradients of the last backward by printed name, as views of ``flat.grad`` (None
-        before any)."""
-        grad = self.flat.grad
-        return None if grad is None else dict(zip(WEIGHTS, _views(grad, self.shapes)))
+        """The gradients of the last backward by printed name (each parameter's ``.grad``), None
+        before any."""
+        grads = {name: p.grad for name, p in self.named_weights()}
+        return None if all(g is None for g in grads.values()) else grads
 
     def forward(self, **data):
+        weights = dict(self.named_weights())
         if not torch.is_grad_enabled():  # evaluation (torch.no_grad()): the forward sweep alone
-            values = dict(data)
-            values.update(self.named_weights())
-            return grads_and_loss(values, False)[1]
+            return loss(dict(data, **weights))
         scalars = {name: v for name, v in data.items() if name not in _DATA_NAMES}
-        views = None
-        if not torch.compiler.is_compiling():  # the views of the weights, made again only when flat moves
-            key = (self.flat.data_ptr(), self.flat.dtype, self.flat.device)
-            if self._views[0] != key:
-                self._views = (key, _views(self.flat.detach(), self.shapes))
-            views = self._views[1]
-        return _FlatLoss.apply(self.shapes, scalars, views, self.flat, *(data[name] for name in _DATA_NAMES))
+        return FdslLoss.apply(scalars, *(weights[name] if name in weights else data[name] for name in TRAINED))
 '''
 
 
@@ -271,6 +248,8 @@ def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping
     sizes = {k: v for k, v in (dims or {}).items() if isinstance(v, int)}
 
     def shape(leaf):
+        if leaf.data[0].scalar:  # a scalar weight: a 0-d tensor
+            return ()
         return tuple(side if isinstance(side, int) else sizes.get(side) for side in leaf.data[1])
 
     leaves = {n.data[0].printed(): n for n in lowering.nodes if n.op == "sym"}
