@@ -969,3 +969,82 @@ def test_the_api_checks_its_numbers_and_limits(tmp_path):
     assert out[5].startswith("refused: size_limit must be") and out[6].startswith("refused: size_limit must be")
     assert out[7] == "refused: time_limit must be a positive number of seconds (as --time-limit SECONDS), not nan"
     assert out[8].startswith("refused: time_limit") and out[9].startswith("refused: step_limit"), out
+
+
+# ---- issue 30: names that cannot reach a terminal, values files that name one array twice ---------
+
+_FORM = "dim n = 2\nconst X : n x n\nweight W : n x n\nE := X - W\nw = form(E)\n"
+_ESC = "a\x1b]0;owned\x07b\x1b[2J"  # sets the terminal's title, then clears the screen
+_RULE = "ruleset simplify\nrule r1: m(m(?A)) => m(?A)\n"
+_WRITERS = {  # each command that writes a file the user names, and its argv given that name
+    "grad": lambda out: ["grad", "p.fd", "--form", "w", "--random", "0", "--out", out + ".npz"],
+    "flow": lambda out: ["flow", "p.fd", "--form", "w", "--random", "0", "--out", out + ".npz"],
+    "codegen": lambda out: ["codegen", "p.fd", "--form", "w", "-o", out + ".py"],
+    "diagram": lambda out: ["diagram", "p.fd", "--expr", "E", "-o", out + ".dot"],
+    "deps": lambda out: ["deps", "p.fd", "--form", "w", "-o", out + ".dot"],
+}
+
+
+def _clean(proc) -> None:
+    """A success that printed nothing raw: no traceback, no control character but line ends."""
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    for stream in (proc.stdout, proc.stderr):
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", stream), repr(stream[-500:])
+
+
+@pytest.mark.parametrize("command", sorted(_WRITERS))
+def test_an_output_name_with_an_escape_sequence_is_printed_escaped(tmp_path, command):
+    """``--out``/``-o`` names with ESC and BEL in them: the file is written under its name, and the
+    line saying so shows ``\\x1b`` and ``\\x07``, not a sequence the terminal obeys."""
+    (tmp_path / "p.fd").write_text(_FORM)
+    proc, _ = _run_capped(_WRITERS[command](_ESC), tmp_path)
+    _clean(proc)
+    assert "wrote a\\x1b]0;owned\\x07b\\x1b[2J." in proc.stdout, proc.stdout
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("a")] != []
+
+
+@pytest.mark.parametrize("command", sorted(_WRITERS))
+def test_an_output_name_that_is_not_utf8_is_written_and_printed_escaped(tmp_path, command):
+    """A name of bytes that are not UTF-8 (as a shell passes ``$'out\\xff'``): the file is written under
+    those bytes and the command says so as ``out\\xff``, exit 0; no UnicodeEncodeError after the work."""
+    (tmp_path / "p.fd").write_text(_FORM)
+    proc, _ = _run_capped(_WRITERS[command](os.fsdecode(b"out\xff")), tmp_path)
+    _clean(proc)
+    assert "wrote out\\xff." in proc.stdout, proc.stdout
+    assert [name for name in os.listdir(os.fsencode(tmp_path)) if name.startswith(b"out\xff.")] != []
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["list", "check"])
+def test_a_rule_file_name_with_an_escape_sequence_is_printed_escaped(tmp_path, check):
+    """``fdsl rules FILE`` and ``fdsl rules --check FILE`` show where each rule is: its file's name
+    escaped."""
+    (tmp_path / (_ESC + ".rules")).write_text(_RULE)
+    proc, _ = _run_capped(["rules"] + (["--check"] if check else []) + [_ESC + ".rules"], tmp_path)
+    _clean(proc)
+    assert "a\\x1b]0;owned\\x07b\\x1b[2J.rules:2" in proc.stdout, proc.stdout[-1000:]
+
+
+def _members(path: Path, *names: str) -> None:
+    """An .npz archive holding a 2 x 2 array under each member name (repeats kept, as zip allows)."""
+    import io
+    import warnings
+    import zipfile
+
+    buf = io.BytesIO()
+    np.save(buf, np.ones((2, 2)))
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as z:
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name, which is the point
+        for name in names:
+            z.writestr(name, buf.getvalue())
+
+
+@pytest.mark.parametrize("names, both", [(("X.npy", "X.npy"), "two members named X.npy"),
+                                         (("X", "X.npy"), "both X and X.npy")], ids=["npy-twice", "bare-and-npy"])
+def test_a_values_file_that_gives_a_name_twice_is_refused(tmp_path, names, both):
+    """Two members for one name: numpy keeps one without a word; fdsl refuses the file, naming both."""
+    (tmp_path / "p.fd").write_text(_FORM)
+    _members(tmp_path / "v.npz", "W.npy", *names)
+    proc, _ = _run_capped(["grad", "p.fd", "--form", "w", "--values", "v.npz", "--out", "g.npz"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.startswith("v.npz: this values file gives X twice: %s" % both), proc.stderr
+    assert not (tmp_path / "g.npz").exists()

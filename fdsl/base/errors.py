@@ -7,6 +7,7 @@ Anything else escaping is a bug in fdsl, not in the user's input.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Optional
 
 # control characters (C0, DEL, C1) and the invisible bidirectional controls: echoed raw they would
@@ -14,17 +15,40 @@ from typing import Optional
 # it shows; everything fdsl prints that came from a user's file passes through ``printable``
 ECHO_WIDTH = 160  # the most characters of a source line a message echoes (a window around the column)
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# lone surrogates too: a file name that is not UTF-8 reaches Python as one (os.fsdecode's
+# surrogateescape), and no stream can encode it
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def printable(text: str, newlines: bool = True) -> str:
     """``text`` with its control characters written as escapes (``\\x1b``, ``\\u202e``): safe for a
-    terminal; tabs and (when ``newlines``) line ends are kept, since they only move the cursor."""
+    terminal; tabs and (when ``newlines``) line ends are kept, since they only move the cursor. A
+    byte of a file name that is not UTF-8 (a lone surrogate U+DC80-U+DCFF) is written as the byte,
+    ``\\xff``, as a shell's ``$'...'`` would name it."""
     def escape(m):
         c = ord(m.group())
+        if 0xdc80 <= c <= 0xdcff:
+            c -= 0xdc00
         return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
     text = _CONTROL.sub(escape, text)
     return text if newlines else text.replace("\n", "\\n")
+
+
+def say(text: str, out=None) -> None:
+    """Print a line that may hold a name the user gave (a file name, a flag's value) on ``out``
+    (standard output by default): its control characters escaped (``printable``), and whatever the
+    stream's encoding cannot write escaped too, rather than failing once the work is done."""
+    out = sys.stdout if out is None else out
+    text = printable(text)
+    encoding = getattr(out, "encoding", None)
+    if encoding:
+        try:
+            text.encode(encoding)
+        except UnicodeEncodeError:
+            text = text.encode(encoding, "backslashreplace").decode(encoding)
+        except LookupError:
+            pass
+    out.write(text + "\n")
 
 
 class FdslError(Exception):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import FdslError, printable
+from .errors import FdslError, say
 from .inputs import kind_of, pseudo, was_read
 
 
@@ -79,10 +79,10 @@ def perform_all(effects, out, program) -> None:
             continue
         text = effect.text if isinstance(effect, Print) else effect.note
         if text and out is not None:
-            out.write(printable(text) + "\n")  # a string the program shows cannot drive the terminal
+            say(text, out)  # a string the program shows cannot drive the terminal
     for effect in effects:
         if isinstance(effect, Note):
-            sys.stderr.write(printable(effect.text) + "\n")
+            say(effect.text, sys.stderr)
 
 
 def _cannot(path, why) -> FdslError:

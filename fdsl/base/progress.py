@@ -21,6 +21,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from .errors import say
+
 NOTE_AFTER = 3.0  # seconds of silence a person accepts before wondering whether fdsl hangs
 
 
@@ -55,7 +57,7 @@ def slow(what: str, after: float = NOTE_AFTER, out=None):
 
 def _say(out, line: str) -> None:
     try:
-        out.write(line + "\n")
+        say(line, out)
         out.flush()
     except (OSError, ValueError):  # a closed or broken stderr must not break the work itself
         pass

@@ -3,9 +3,10 @@ gradient of a 1-form."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from ..base.errors import FdslError
+from ..base.errors import FdslError, say
 from .common import FILE_HELP, add_limit_options, set_limits
 
 # the names of fdsl.codegen.targets.TARGETS and DTYPES, written out so that building the parser
@@ -15,7 +16,7 @@ DTYPES = ("float32", "float64")
 
 
 def _cmd_codegen(args) -> int:
-    from ..base.files import atomic_write, target_of
+    from ..base.files import Write, perform_all, target_of
     from ..calculus import forms
     from ..calculus.gradients import loss_of, no_loss_note
     from ..codegen.generated import gradient_terms, gradients_source
@@ -31,15 +32,14 @@ def _cmd_codegen(args) -> int:
     origin = "form %s of %s" % (name, args.file)
     loss = loss_of(form_named(program, name))  # form(E): 1/2 ||E||^2; -d(L): L
     source = gradients_source(w, program.dims, origin, args.target, args.dtype, loss)
-    out = Path(args.output)
-    atomic_write(out, lambda tmp: tmp.write_text(source))
     count = len(gradient_terms(w))
     made = "grads(values)" + (", grads_and_loss(values)" if loss is not None else "")
     if args.target == "torch" and loss is not None:
         made += ", loss(values), FdslLoss and Model"
-    print("wrote %s: %s for %d weight%s" % (out, made, count, "" if count == 1 else "s"))
+    note = "wrote %s: %s for %d weight%s" % (args.output, made, count, "" if count == 1 else "s")
+    perform_all([Write(Path(args.output), lambda tmp: tmp.write_text(source), note)], sys.stdout, program)
     if loss is None:
-        print("note: %s; the module has grads(values) only%s" % (
+        say("note: %s; the module has grads(values) only%s" % (
             no_loss_note(name), ", no loss, FdslLoss or Model" if args.target == "torch" else ""))
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from ..base.errors import FdslError
+from ..base.errors import FdslError, say
 from ..base.limits import DEFAULT_MAX_EDGES, DEFAULT_MAX_NODES
 from ..base.progress import slow
 from .common import FILE_HELP
@@ -25,10 +25,10 @@ def _load(args):
 def _report(done, requested, nodes: int) -> int:
     from ..pictures.graphviz import INSTALL_HINT
 
-    print("wrote %s (%d nodes)" % (done.path, nodes))
+    say("wrote %s (%d nodes)" % (done.path, nodes))
     if done.fallback:  # still a success: the .dot file is the diagram, waiting for Graphviz
-        print("note: %s was not rendered: Graphviz's dot program is not installed; %s"
-              % (requested, INSTALL_HINT), file=sys.stderr)
+        say("note: %s was not rendered: Graphviz's dot program is not installed; %s" % (requested, INSTALL_HINT),
+            sys.stderr)
     return 0
 
 

@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from ..base.errors import FdslError
+from ..base.errors import FdslError, say
 from .common import FILE_HELP, add_value_options, load_with_values
 
 
 def _cmd_flow(args) -> int:
 
-    from ..base.files import Write
+    from ..base.files import Write, perform_all
     from ..codegen.grads import check_given, coefficients, form_named, no_weight
     from ..learn.flow import _gauss_newton_specs, flows_of
     from ..numbers.values import npz_writer
@@ -25,13 +26,13 @@ def _cmd_flow(args) -> int:
     check_given(program, dual_terms, args.values)
     flows = flows_of(program, w, what=args.form)
     out = Path(args.out)
+    note = "wrote %s: %d flow%s (%s)" % (args.out, len(flows), "" if len(flows) == 1 else "s", ", ".join(flows))
     try:
-        Write(out, npz_writer(dict(flows))).perform(None, program)
+        perform_all([Write(out, npz_writer(dict(flows)), note)], sys.stdout, program)
     except OSError as e:
         raise FdslError("cannot write the flows: %s" % (e.strerror or e), file=str(out)) from None
-    print("wrote %s: %d flow%s (%s)" % (out, len(flows), "" if len(flows) == 1 else "s", ", ".join(flows)))
     for line in flows.notes():
-        print(line)
+        say(line)
     return 0
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .common import FILE_HELP, add_value_options, load_with_values
@@ -11,7 +12,7 @@ from .common import FILE_HELP, add_value_options, load_with_values
 def _cmd_grad(args) -> int:
     import numpy as np
 
-    from ..base.files import Write, target_of
+    from ..base.files import Write, perform_all, target_of
     from ..codegen.grads import (
         SIGN_KEY,
         check_given,
@@ -35,10 +36,9 @@ def _cmd_grad(args) -> int:
     if args.dl_dw:
         grads = {name: -g for name, g in grads.items()}
     sign = sign_of(w, args.dl_dw)
-    out = Path(args.out)
-    Write(out, npz_writer({**grads, SIGN_KEY: np.array(sign)})).perform(None, program)
-    print("wrote %s: %d gradient%s (%s), each %s (the file's %s says so too)"
-          % (out, len(grads), "" if len(grads) == 1 else "s", ", ".join(grads), sign, SIGN_KEY))
+    note = ("wrote %s: %d gradient%s (%s), each %s (the file's %s says so too)"
+            % (args.out, len(grads), "" if len(grads) == 1 else "s", ", ".join(grads), sign, SIGN_KEY))
+    perform_all([Write(Path(args.out), npz_writer({**grads, SIGN_KEY: np.array(sign)}), note)], sys.stdout, program)
     return 0
 
 

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from .. import __version__
-from ..base.errors import FdslError
+from ..base.errors import FdslError, say
 from . import codegen, diagram, flow, grad, repl, rules, run, serve, train
 
 # in the order --help lists them
@@ -96,7 +96,7 @@ def _main(argv, result):
     except FdslError as e:
         if e.file is None and isinstance(getattr(args, "file", None), str):
             e.file = args.file  # an error of the command's work on a program is an error of its file
-        print(str(e), file=sys.stderr)
+        say(str(e), sys.stderr)
         result.append(2)
     except SystemExit as e:  # argparse: usage errors exit 2 after printing usage
         result.append(e.code if isinstance(e.code, int) else 2)

@@ -3,7 +3,7 @@ sides' values at random points."""
 
 from __future__ import annotations
 
-from ..base.errors import FdslError
+from ..base.errors import FdslError, say
 
 
 def _cmd_rules(args) -> int:
@@ -18,7 +18,7 @@ def _cmd_rules(args) -> int:
     program = Program("<rules>")
     rules = rules_to_check(program, args.files)
     for r in rules:
-        print("%-10s %s  (%s)" % (r.ruleset, r, r.where()))
+        say("%-10s %s  (%s)" % (r.ruleset, r, r.where()))
     return 0
 
 

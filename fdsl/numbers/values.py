@@ -184,9 +184,17 @@ def _check_npz(path: Path) -> None:
         raise FdslError("not an .npz archive of arrays (write one with np.savez(path, X=..., Q_0=...))",
                         file=str(path))
     total = 0
+    members: dict = {}  # name -> the member that gives it
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
             name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            if name in members:  # numpy would keep one of them without a word
+                first = members[name]
+                both = ("two members named %s" % first if first == info.filename
+                        else "both %s and %s" % (first, info.filename))
+                raise FdslError("this values file gives %s twice: %s; write each name once (np.savez(path, "
+                                "X=..., Q_0=...))" % (name, both), file=str(path))
+            members[name] = info.filename
             with z.open(info) as f:
                 version = np.lib.format.read_magic(f)
                 if version == (1, 0):

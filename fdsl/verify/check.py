@@ -42,7 +42,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..base.errors import FdslError
+from ..base.errors import FdslError, say
 from ..core import ops as O
 from ..core import terms as T
 from ..core.ops import ShapeError
@@ -697,11 +697,11 @@ def check(files=(), trials: int = 20, seed: int = 0, out=None) -> int:
     rules = rules_to_check(program, files)
     verdicts = [check_rule(r, trials, seed) for r in rules]
     for v in verdicts:
-        out.write(v.line() + "\n")
+        say(v.line(), out)
     bad = [v for v in verdicts if v.status == "UNSOUND"]
     skipped = [v for v in verdicts if v.status == "skipped"]
     for v in bad:
-        out.write("\nUNSOUND %s (%s:%d): %s\n  %s\n" % (v.rule.name, v.rule.file, v.rule.line, v.rule, v.reason))
+        say("\nUNSOUND %s (%s:%d): %s\n  %s" % (v.rule.name, v.rule.file, v.rule.line, v.rule, v.reason), out)
     checked = [v for v in verdicts if v.status != "skipped"]
     out.write("\n%d rules: %d sound, %d UNSOUND, %d skipped; up to %d random trials per rule, largest "
               "relative difference of a sound rule %.1e (tolerance %.0e)\n"
