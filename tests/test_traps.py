@@ -378,3 +378,17 @@ def test_equal_summands_of_the_expanded_normal_form_are_merged():
     program = fdsl.parse(POWERS + "N = normal(d(trace(W^t W)^(1/2)))\n")
     # was: (1/2) trace(W^t W)^(-1/2) W^t + (1/2) trace(W^t W)^(-1/2) W^t
     assert fdsl.core.functions.render(program.definitions["N"]) == "dW: trace(W^t W)^(-1/2) W^t"
+
+
+# ---- issue 31: powers group to the right -------------------------------------------------------------------
+
+
+def test_powers_group_to_the_right_and_transpose_still_reads_as_before():
+    program = fdsl.parse("dim n\nconst A : n x n\nscalar k\na = 2^3^2\nb = (2^3)^2\nc = 2^(1/2)^2\n"
+                         "P = k^2^3\nQ = k^2^t\nR = A^t^t A^ t\n")
+    defs = program.definitions
+    assert (defs["a"], defs["b"]) == (512, 64)  # was 64 and 64: 2^3^2 read as (2^3)^2
+    assert str(defs["c"]) == "2^(1/4)"
+    assert str(defs["P"]) == "k^8"  # k^(2^3), not (k^2)^3
+    assert str(defs["Q"]) == "k^2"  # ^t after an exponent transposes the power, as it always has
+    assert str(defs["R"]) == "A^t^t A^t"  # ^t, with or without a space, as before
