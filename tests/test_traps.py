@@ -156,6 +156,43 @@ def test_the_repl_may_redefine_and_says_so():
     assert out.getvalue().rstrip().endswith("A A")
 
 
+def _repl(lines, session=None):
+    from fdsl.repl.session import Session
+
+    out = io.StringIO()
+    session = session or Session(out=out, err=io.StringIO(), pager="off")
+    for line in lines:
+        session.run(line)
+    return out.getvalue()
+
+
+def test_the_repl_redefines_a_function_whole_and_says_so():
+    # issue 31: the second clause used to be added after the first, never tried, and nothing said
+    out = _repl(["dim n", "const X, W : n x n", "f(Z) = Z W", "f(Z) = Z W W", "f(X)"])
+    assert out.splitlines() == ["f redefined (its earlier clause is replaced)", "X W W"]
+
+
+def test_the_repl_redefines_a_recursive_family_whole():
+    out = _repl(["dim n", "const X, W : n x n", "enc(0) = X", "enc(L) = enc(L-1) W", "enc(2)",  # typed a line at a time
+                 "enc(0) = W", "enc(L) = enc(L-1) X", "enc(2)"])
+    assert out.splitlines() == ["X W W", "enc redefined (all 2 of its earlier clauses are replaced)", "W X X"]
+    # another number of arguments starts over too; a file that repeats a clause is still refused
+    assert _repl(["dim n", "const X : n x n", "h(A) = A", "h(A, B) = A B", "h(X, X)"]).splitlines() == [
+        "h redefined (its earlier clause is replaced)", "X X"]
+    with pytest.raises(FdslError, match="same parameters"):
+        fdsl.parse("dim n\nconst X : n x n\nf(Z) = Z X\nf(Z) = Z X X\n")
+
+
+def test_the_browser_console_redefines_a_function_whole(tmp_path):
+    from fdsl.serve.worker import WebSession
+
+    session = WebSession(tmp_path)
+    for line in ["dim n", "const X, W : n x n", "f(Z) = Z W", "f(Z) = Z W W", "f(X)"]:
+        session.run(line)
+    texts = [item.get("text", "") for item in session.take()]
+    assert any("f redefined" in t for t in texts) and any("X W W" in t for t in texts), texts
+
+
 # ---- 6. data drawn at random, targets of a cross-entropy ------------------------------------------------
 
 
