@@ -429,3 +429,29 @@ def test_powers_group_to_the_right_and_transpose_still_reads_as_before():
     assert str(defs["P"]) == "k^8"  # k^(2^3), not (k^2)^3
     assert str(defs["Q"]) == "k^2"  # ^t after an exponent transposes the power, as it always has
     assert str(defs["R"]) == "A^t^t A^t"  # ^t, with or without a space, as before
+
+
+# ---- issue 31: --values and --random together ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["grad", "train", "run"])
+def test_values_and_random_combine_data_from_the_file_and_the_rest_drawn(run_fdsl, tmp_path, command):
+    # E = X W with X = 0 from the file: the gradient is 0 and the loss stays 0 however W is drawn
+    text = "dim n = 5, d = 3\nconst X : n x d\nweight W : d x d\nE := X W\nw = form(E)\n"
+    path = write(tmp_path, text + ("show eval(trace(E^t E))\n" if command == "run" else ""))
+    # grad and train take a batch of two examples (the README's example); eval one
+    np.savez(tmp_path / "x.npz", X=np.zeros((5, 3) if command == "run" else (2, 5, 3)))
+    extra = {"grad": ["--form", "w", "--out", "g.npz"], "train": ["--form", "w", "--steps", "2", "--lr", "0.1"],
+             "run": []}[command]
+    r = run_fdsl(command, path, "--values", "x.npz", "--random", "0", *extra, cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr  # was: not allowed with argument --random
+    if command == "grad":
+        assert not np.load(tmp_path / "g.npz")["W"].any()
+    elif command == "train":
+        assert "loss 0 -> 0" in r.stdout, r.stdout
+    else:
+        assert r.stdout.strip() == "0", r.stdout
+    # without --random the file must give everything, and the message says how to draw the rest
+    if command != "run":
+        r = run_fdsl(command, path, "--values", "x.npz", *extra, cwd=tmp_path)
+        assert r.returncode == 2 and "--random" in r.stderr, r.stderr
