@@ -72,6 +72,10 @@ def main(argv=None) -> int:
                 torch.distributed.all_reduce(total)
             if rank == 0:
                 print("step %5d  loss %.6e" % (step, float(total)), flush=True)
+        if not torch.isfinite(loss.detach()).item():  # nan or inf: every step after would be too
+            print("step %d: the loss is %s; training stopped: it diverges (lower --lr, it is %g)"
+                  % (step, float(loss), args.lr), file=sys.stderr)
+            return 1
         if step == args.steps:
             break
         loss.backward()  # fdsl's closed-form gradient; DDP averages it over the processes

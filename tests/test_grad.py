@@ -220,7 +220,7 @@ def test_cli_values_file_round_trip(run_fdsl, examples, tmp_path):
     (["--form", "w", "--values", "PARTIAL"], "--values may omit nothing the form needs: Q_0, K_0"),
     (["--form", "w", "--values", "JUNK"], "not an .npz archive"),
     (["--form", "w", "--values", "MISSING"], "no such file"),
-    (["--form", "w"], "one of the arguments --values --random is required"),
+    (["--form", "w"], "give the values of the symbols: --values IN.npz or --random SEED"),
 ])
 def test_cli_errors(run_fdsl, examples, tmp_path, args, message):
     np.savez(tmp_path / "partial.npz", X=np.zeros((N, D)), Y=np.zeros((N, D)))

@@ -317,3 +317,8 @@ def test_the_training_example_runs_and_the_loss_falls(tmp_path):
     assert r.returncode == 0, r.stderr
     losses = [float(line.split()[-1]) for line in r.stdout.splitlines()]
     assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]
+    # issue 31: a step size that diverges used to print "loss nan" and exit 0
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_torch.py"), str(module), "--steps", "200",
+                        "--every", "100", "--batch", "4", "--lr", "10"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "training stopped: it diverges" in r.stderr, (r.stdout, r.stderr)
+    assert "nan" not in r.stdout

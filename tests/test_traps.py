@@ -156,6 +156,43 @@ def test_the_repl_may_redefine_and_says_so():
     assert out.getvalue().rstrip().endswith("A A")
 
 
+def _repl(lines, session=None):
+    from fdsl.repl.session import Session
+
+    out = io.StringIO()
+    session = session or Session(out=out, err=io.StringIO(), pager="off")
+    for line in lines:
+        session.run(line)
+    return out.getvalue()
+
+
+def test_the_repl_redefines_a_function_whole_and_says_so():
+    # issue 31: the second clause used to be added after the first, never tried, and nothing said
+    out = _repl(["dim n", "const X, W : n x n", "f(Z) = Z W", "f(Z) = Z W W", "f(X)"])
+    assert out.splitlines() == ["f redefined (its earlier clause is replaced)", "X W W"]
+
+
+def test_the_repl_redefines_a_recursive_family_whole():
+    out = _repl(["dim n", "const X, W : n x n", "enc(0) = X", "enc(L) = enc(L-1) W", "enc(2)",  # typed a line at a time
+                 "enc(0) = W", "enc(L) = enc(L-1) X", "enc(2)"])
+    assert out.splitlines() == ["X W W", "enc redefined (all 2 of its earlier clauses are replaced)", "W X X"]
+    # another number of arguments starts over too; a file that repeats a clause is still refused
+    assert _repl(["dim n", "const X : n x n", "h(A) = A", "h(A, B) = A B", "h(X, X)"]).splitlines() == [
+        "h redefined (its earlier clause is replaced)", "X X"]
+    with pytest.raises(FdslError, match="same parameters"):
+        fdsl.parse("dim n\nconst X : n x n\nf(Z) = Z X\nf(Z) = Z X X\n")
+
+
+def test_the_browser_console_redefines_a_function_whole(tmp_path):
+    from fdsl.serve.worker import WebSession
+
+    session = WebSession(tmp_path)
+    for line in ["dim n", "const X, W : n x n", "f(Z) = Z W", "f(Z) = Z W W", "f(X)"]:
+        session.run(line)
+    texts = [item.get("text", "") for item in session.take()]
+    assert any("f redefined" in t for t in texts) and any("X W W" in t for t in texts), texts
+
+
 # ---- 6. data drawn at random, targets of a cross-entropy ------------------------------------------------
 
 
@@ -378,3 +415,43 @@ def test_equal_summands_of_the_expanded_normal_form_are_merged():
     program = fdsl.parse(POWERS + "N = normal(d(trace(W^t W)^(1/2)))\n")
     # was: (1/2) trace(W^t W)^(-1/2) W^t + (1/2) trace(W^t W)^(-1/2) W^t
     assert fdsl.core.functions.render(program.definitions["N"]) == "dW: trace(W^t W)^(-1/2) W^t"
+
+
+# ---- issue 31: powers group to the right -------------------------------------------------------------------
+
+
+def test_powers_group_to_the_right_and_transpose_still_reads_as_before():
+    program = fdsl.parse("dim n\nconst A : n x n\nscalar k\na = 2^3^2\nb = (2^3)^2\nc = 2^(1/2)^2\n"
+                         "P = k^2^3\nQ = k^2^t\nR = A^t^t A^ t\n")
+    defs = program.definitions
+    assert (defs["a"], defs["b"]) == (512, 64)  # was 64 and 64: 2^3^2 read as (2^3)^2
+    assert str(defs["c"]) == "2^(1/4)"
+    assert str(defs["P"]) == "k^8"  # k^(2^3), not (k^2)^3
+    assert str(defs["Q"]) == "k^2"  # ^t after an exponent transposes the power, as it always has
+    assert str(defs["R"]) == "A^t^t A^t"  # ^t, with or without a space, as before
+
+
+# ---- issue 31: --values and --random together ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["grad", "train", "run"])
+def test_values_and_random_combine_data_from_the_file_and_the_rest_drawn(run_fdsl, tmp_path, command):
+    # E = X W with X = 0 from the file: the gradient is 0 and the loss stays 0 however W is drawn
+    text = "dim n = 5, d = 3\nconst X : n x d\nweight W : d x d\nE := X W\nw = form(E)\n"
+    path = write(tmp_path, text + ("show eval(trace(E^t E))\n" if command == "run" else ""))
+    # grad and train take a batch of two examples (the README's example); eval one
+    np.savez(tmp_path / "x.npz", X=np.zeros((5, 3) if command == "run" else (2, 5, 3)))
+    extra = {"grad": ["--form", "w", "--out", "g.npz"], "train": ["--form", "w", "--steps", "2", "--lr", "0.1"],
+             "run": []}[command]
+    r = run_fdsl(command, path, "--values", "x.npz", "--random", "0", *extra, cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr  # was: not allowed with argument --random
+    if command == "grad":
+        assert not np.load(tmp_path / "g.npz")["W"].any()
+    elif command == "train":
+        assert "loss 0 -> 0" in r.stdout, r.stdout
+    else:
+        assert r.stdout.strip() == "0", r.stdout
+    # without --random the file must give everything, and the message says how to draw the rest
+    if command != "run":
+        r = run_fdsl(command, path, "--values", "x.npz", *extra, cwd=tmp_path)
+        assert r.returncode == 2 and "--random" in r.stderr, r.stderr

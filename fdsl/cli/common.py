@@ -104,9 +104,11 @@ def _progress_wanted(args) -> bool:
 
 
 def add_value_options(p) -> None:
-    given = p.add_mutually_exclusive_group(required=True)
-    given.add_argument("--values", metavar="IN.npz", help="the values of the symbols (arrays keyed X, Q_0, ...)")
-    given.add_argument("--random", type=int, metavar="SEED", help="random values for every symbol instead")
+    # at least one of the two (load_with_values says so); together, the file's arrays are used and
+    # the rest is drawn: data from a file, weights at random (issue 31)
+    p.add_argument("--values", metavar="IN.npz", help="the values of the symbols (arrays keyed X, Q_0, ...)")
+    p.add_argument("--random", type=int, metavar="SEED",
+                   help="random values for the symbols --values does not give (all of them without --values)")
     p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
     add_limit_options(p)
 

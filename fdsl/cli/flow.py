@@ -23,7 +23,7 @@ def _cmd_flow(args) -> int:
     if not coeffs:
         raise no_weight(program, args.form)
     dual_terms = list(coeffs.values()) + [spec.error for spec in _gauss_newton_specs(program, coeffs)]
-    check_given(program, dual_terms, args.values)
+    check_given(program, dual_terms, args.values, drawn=args.random is not None)
     flows = flows_of(program, w, what=args.form)
     out = Path(args.out)
     note = "wrote %s: %d flow%s (%s)" % (args.out, len(flows), "" if len(flows) == 1 else "s", ", ".join(flows))

@@ -31,7 +31,7 @@ def _cmd_grad(args) -> int:
     coeffs = coefficients(program, w, args.form)
     if not coeffs:
         raise no_weight(program, args.form)
-    check_given(program, coeffs.values(), args.values)
+    check_given(program, coeffs.values(), args.values, drawn=args.random is not None)
     grads = gradients(program, normal_form(program, w, args.form), what=args.form)
     if args.dl_dw:
         grads = {name: -g for name, g in grads.items()}

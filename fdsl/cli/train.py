@@ -28,7 +28,7 @@ def _cmd_train(args) -> int:
     program = load_with_values(args)
     w = form_named(program, args.form)
     trainer = Trainer(program, w, args.form, watch_terms(program, args.watch or ()))
-    check_given(program, trainer.terms, args.values)
+    check_given(program, trainer.terms, args.values, drawn=args.random is not None)
     if not trainer.dual.euclidean:
         print("metric: %s" % trainer.dual.describe())
 

@@ -225,13 +225,15 @@ def form_named(program, name: str) -> Term:
         raise
 
 
-def check_given(program, terms, source: Optional[str]) -> None:
-    """With ``--values``: every symbol the terms need must be in the file (no random fill-in)."""
-    if source is None:
+def check_given(program, terms, source: Optional[str], drawn: bool = False) -> None:
+    """With ``--values`` and no ``--random`` (``drawn``): every symbol the terms need must be in
+    the file, since nothing fills it in."""
+    if source is None or drawn:
         return
     given = program.values if program.values is not None else {}
     missing = [n for n in symbol_leaves(terms) if n not in given]
     if missing:
         raise FdslError("--values may omit nothing the form needs: %s %s no value (the file gives %s)"
                         % (", ".join(missing), "has" if len(missing) == 1 else "have",
-                           ", ".join(sorted(given)) or "nothing"), file=source)
+                           ", ".join(sorted(given)) or "nothing"), file=source,
+                        notes=["note: add --random SEED to draw the rest (data from the file, weights at random)"])

@@ -62,6 +62,11 @@ class Family:
     scalar: bool = False  # weight tau[i] : scalar
 
 
+def _pattern(params) -> tuple:
+    """What a clause's parameters match: an integer literal matches itself, a name anything."""
+    return tuple(p if isinstance(p, int) else None for p in params)
+
+
 class Elaborator:
     """The declared names and definitions of a program, and the values of its expressions."""
 
@@ -199,7 +204,7 @@ class Elaborator:
         replace the first, and a function clause that repeats an earlier one's pattern would never
         be tried. Across texts (the repl's inputs, -e after a file) a redefinition is allowed and
         noted in ``self.notes``, for the repl to say."""
-        pattern = None if st.params is None else tuple(p if isinstance(p, int) else None for p in st.params)
+        pattern = None if st.params is None else _pattern(st.params)
         here = "%s:%d" % (self._src[0], st.line)
         seen = self.defined_at.get(st.name)
         if seen is not None and seen[0] is self._src[1] and seen[1] == self._src[0]:
@@ -213,13 +218,29 @@ class Elaborator:
                                 "first, so this one would never be; delete one of them" % (st.name, earlier),
                                 self._src[0], st.line, st.col, self._src[1])
         elif seen is not None:
-            if pattern is None or seen[3] is None:  # a function's clauses may be added to
+            if pattern is None or seen[3] is None:
                 self.notes.append("%s redefined (it was defined at %s)" % (st.name, seen[4]))
+            else:
+                self._replace_family(st.name, pattern)
             seen = None
         if seen is None:
             seen = self.defined_at[st.name] = (self._src[1], self._src[0], {}, pattern, here)
         if pattern is not None:
             seen[2].setdefault(pattern, here)
+
+    def _replace_family(self, name: str, pattern: tuple):
+        """A clause from a later text (the repl's next input) adds to a function's clauses, so that
+        a recursive family can be typed a line at a time; one whose parameters repeat a clause
+        already there, or take another number of arguments, would never be tried (issue 31), so it
+        starts the definition over: every earlier clause of the family goes, and the repl says so."""
+        old = self.clauses.get(name, [])
+        if not any(len(c.params) != len(pattern) or _pattern(c.params) == pattern for c in old):
+            return
+        del self.clauses[name]
+        self.sources.pop(name, None)
+        # the repl numbers each input's lines from 1, so a count says more than the places
+        self.notes.append("%s redefined (%s replaced)" % (
+            name, "its earlier clause is" if len(old) == 1 else "all %d of its earlier clauses are" % len(old)))
 
     def _record_source(self, st: Stmt):
         """Keep a definition's text as written, for the program's display (clauses accumulate;

@@ -60,7 +60,7 @@ _TERMINALS = {
     "NAME": "a name", "INT": "a number", "NUMBER": "a number", "RATIONAL": "a number", "STRING": 'a string in "quotes"',
     "CALL": "a function call", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
     "COMMA": "','", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
-    "CIRCUMFLEX": "'^'", "EQUAL": "'='", "COLON": "':'", "SEMICOLON": "';'", "_NL": "end of line",
+    "CIRCUMFLEX": "'^'", "_TRANSPOSE": "'^'", "EQUAL": "'='", "COLON": "':'", "SEMICOLON": "';'", "_NL": "end of line",
     "$END": "end of input", "KIND": "a declaration", "COMMAND": "a command", "METRIC": "'metric'", "DIM": "'dim'",
     "X": "'x'", "T": "'t'", "ARROW": "'=>'", "VAR": "a ?variable",
     "SEQVAR": "a ?variable...",
