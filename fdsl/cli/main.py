@@ -138,6 +138,9 @@ def _run_worker(argv) -> int:
 
     worker = threading.Thread(target=work)
     worker.start()
+    # only the worker walks deep terms: threads it starts (a progress timer) take the usual stack,
+    # not another 512 MiB of address space (under a 2 GB limit one could not start at all)
+    threading.stack_size(0)
     # Signals reach only the main thread: hand Ctrl-C to the worker, where the work is (the repl
     # cancels the input being evaluated; fdsl run exits 130). Wait on an Event, not join():
     # a join() interrupted by Ctrl-C marks the thread finished while it still runs (bpo-45274).

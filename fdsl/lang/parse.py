@@ -70,6 +70,8 @@ _TERMINALS = {
 def describe_terminal(name: str, literals=None) -> str:
     if name.startswith("fdsl__"):  # a rule file's grammar imports fdsl.lark's terminals under this prefix
         name = name[len("fdsl__"):]
+    elif name.startswith("_fdsl__"):  # (a filtered one, _TRANSPOSE, keeps its underscore in front)
+        name = "_" + name[len("_fdsl__"):]
     if name in _TERMINALS:
         return _TERMINALS[name]
     if literals and name in literals:  # an anonymous literal such as "=>": show it as written
