@@ -36,13 +36,10 @@ how the sweep does it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from ..core import terms as T
-from .ir import Op, Read, Sweep, Value, graph_rewrite
-
-# the ops of the prologue: what the sweep reads, made before it (an input, a dim, a constant)
-_PROLOGUE = frozenset({"input", "ids_input", "scalar_input", "dim", "const"})
+from .ir import PROLOGUE, Op, Read, Sweep, Value, graph_rewrite
 
 
 def _plain(op: Op) -> bool:
@@ -54,21 +51,6 @@ def _plain(op: Op) -> bool:
 def _with(op: Op, **attrs) -> Op:
     """``op`` with ``attrs`` changed."""
     return Op(op.kind, op.outs, op.args, **{**op.attrs, **attrs})
-
-
-def _updates(sweep: Sweep, pos: dict) -> dict:
-    """Value -> the positions of the ops that update it in place (``add_into``)."""
-    out: dict = {}
-    for op in sweep.ops:
-        victim = op.inplace()
-        if victim is not None:
-            out.setdefault(victim, []).append(pos[op])
-    return out
-
-
-def _unchanged(updates: dict, values, lo: int, hi: int) -> bool:
-    """No op at a position in [lo, hi) updates any of ``values`` in place."""
-    return not any(lo <= p < hi for v in values for p in updates.get(v, ()))
 
 
 def _views(pairs) -> int:
@@ -131,7 +113,6 @@ def group_products(sweep: Sweep, kept: set) -> None:
                 total = bool(op.attrs.get("total"))
                 found.setdefault((total, "cols", op.args[0]), []).append(op)
                 found.setdefault((total, "rows", op.args[1]), []).append(op)
-        updates = _updates(sweep, pos)
         slots: dict = {}  # position -> the groups put before the op there, in order
         made: dict = {}  # value -> (the position of the slot of the group that makes it, the group)
         readers: dict = {}  # value -> [(the slot's position, a group of the round that reads it)]
@@ -143,7 +124,7 @@ def group_products(sweep: Sweep, kept: set) -> None:
             if len(members) < 2 or any(m in kept_back for m in members):
                 continue
             reads = {m: m.values_read() for m in members}
-            place = _place(sweep, pos, updates, slots, made, readers, members, reads)
+            place = _place(sweep, pos, slots, made, readers, members, reads)
             if place is None:
                 for m in members:
                     for v in reads[m]:
@@ -166,8 +147,7 @@ def group_products(sweep: Sweep, kept: set) -> None:
         sweep.rewrite(gone, before={sweep.ops[at]: groups for at, groups in slots.items()})
 
 
-def _place(sweep: Sweep, pos: dict, updates: dict, slots: dict, made: dict, readers: dict, members: list,
-           reads: dict):
+def _place(sweep: Sweep, pos: dict, slots: dict, made: dict, readers: dict, members: list, reads: dict):
     """(position, index in its slot) of the group of ``members``: just after the last op (or
     group of the round) that makes one of their operands; None where it cannot go there."""
     outs = {m.out for m in members}
@@ -192,7 +172,7 @@ def _place(sweep: Sweep, pos: dict, updates: dict, slots: dict, made: dict, read
             return None  # read before the group could be made
         if any(place > (at, slots[at].index(group)) for at, group in readers.get(m.out, ())):
             return None  # a group of the round that reads it would come first
-        if not _unchanged(updates, reads[m], min(pos[m], ready), max(pos[m], ready)):
+        if sweep.updated_between(reads[m], pos, min(pos[m], ready), max(pos[m], ready)):
             return None  # an operand is updated in place between the two places
     return place
 
@@ -200,20 +180,12 @@ def _place(sweep: Sweep, pos: dict, updates: dict, slots: dict, made: dict, read
 # ---- sums of products ------------------------------------------------------------------------------
 
 
-class _Round:
+class _Round(NamedTuple):
     """What the rules of a pass read besides the op: the values kept, whether the target folds
-    batches, and the ops that update values in place, found once a round."""
+    batches."""
 
-    def __init__(self, kept: set, folds: bool):
-        self.kept = kept
-        self.folds = folds
-        self._pos: Optional[dict] = None
-        self._updates: dict = {}
-
-    def updates(self, sweep: Sweep, pos: dict) -> dict:
-        if pos is not self._pos:
-            self._pos, self._updates = pos, _updates(sweep, pos)
-        return self._updates
+    kept: set
+    folds: bool
 
 
 def group_sums(sweep: Sweep, kept: set, folds: bool) -> None:
@@ -231,7 +203,6 @@ def _sum_of_products(sweep: Sweep, op: Op, pos: dict, ctx: _Round) -> Optional[d
         return None
     end = next((k for k in range(2, len(terms)) if terms[k].scale), len(terms))
     counts = Counter(zip(signs[:end], terms[:end]))
-    updates = ctx.updates(sweep, pos)
     members = []  # (position in terms, its product, left, right, read transposed)
     for k in range(end):
         r = terms[k]
@@ -242,7 +213,7 @@ def _sum_of_products(sweep: Sweep, op: Op, pos: dict, ctx: _Round) -> Optional[d
             continue
         if r.shape is not None and op.out.shape is not None and r.shape != op.out.shape:
             continue  # a row added to every row (broadcast): not a part of the one product
-        if not _unchanged(updates, maker.values_read(), pos[maker], pos[op]):
+        if sweep.updated_between(maker.values_read(), pos, pos[maker], pos[op]):
             continue
         left, right = maker.args
         if signs[k] < 0:  # a subtracted product, - L R = (-L) R: one negation, not a product and a sum
@@ -341,7 +312,7 @@ def shared_scalings(sweep: Sweep, kept: set) -> None:
     before: dict = {}
     for (scale, v), ops in seen.items():
         maker = sweep.maker.get(v)
-        if len(ops) < 2 or maker is None or maker.kind in _PROLOGUE:
+        if len(ops) < 2 or maker is None or maker.kind in PROLOGUE:
             continue
         s = names[scale, v] = Value(shape=v.shape, batched=v.batched, heads=v.heads, scalar=v.scalar, hint=v,
                                     suffix="_s")

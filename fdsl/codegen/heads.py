@@ -320,11 +320,6 @@ def _scale_key(scale: tuple) -> tuple:
     return tuple(map(one, scale))
 
 
-def _updated(sweep: Sweep, v: Value) -> bool:
-    """Whether an op of the sweep updates ``v`` in place."""
-    return any(op.inplace() is v for op in sweep.readers.get(v, ()))
-
-
 def side_by_side(sweep: Sweep, kept: set) -> None:
     """Grouped products summed over the batch and sums of products over the heads of stacks (see
     the module doc) read one side-by-side matrix of the stacks instead of their heads one by one:
@@ -339,7 +334,8 @@ def side_by_side(sweep: Sweep, kept: set) -> None:
             continue
         candidates.append(op)
         stack = op.args[0]
-        if stack.t or stack.scale or _updated(sweep, stack.value) or not _alike([_width(Read(v)) for v in op.outs]):
+        if stack.t or stack.scale or sweep.updater(stack.value) is not None \
+                or not _alike([_width(Read(v)) for v in op.outs]):
             continue
         for k, v in enumerate(op.outs):
             heads[v] = (stack.value, k, len(op.outs))
@@ -454,12 +450,12 @@ def stacked_traces(sweep: Sweep, kept: set) -> None:
         if got is None:
             continue
         gone, (a, b), scale = got
-        tp = Value(scalar=True, hint=op.out, suffix="_heads")
-        new = [Op("trace_product", [tp], [a, b], heads=True)]
-        new.append(Op("scalar_op", op.outs, list(scale) + [tp], op="mul") if scale else None)
-        if not scale:  # the sum is the trace itself
-            new[0] = Op("trace_product", op.outs, [a, b], heads=True)
-            new.pop()
+        if scale:  # the common scale times one trace of the stacks
+            tp = Value(scalar=True, hint=op.out, suffix="_heads")
+            new = [Op("trace_product", [tp], [a, b], heads=True),
+                   Op("scalar_op", op.outs, list(scale) + [tp], op="mul")]
+        else:  # the sum is the trace itself
+            new = [Op("trace_product", op.outs, [a, b], heads=True)]
         changes.update((g, []) for g in gone)
         changes[op] = new
     if not changes:

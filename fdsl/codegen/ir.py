@@ -159,6 +159,10 @@ KINDS = {
 }
 
 
+# the kinds of the prologue: what the sweep reads, made before it (an input, a dim, a constant)
+PROLOGUE = frozenset({"input", "ids_input", "scalar_input", "dim", "const"})
+
+
 class Op:
     """One step of the sweep (see the module doc)."""
 
@@ -184,7 +188,7 @@ class Op:
         """Every value the op reads (through reads, scales and scalar operands), once each, in order."""
         out: dict = {}
         for a in tuple(self.args) + tuple(self.attrs.get("out_scale", ())):  # (a scale after it is read too)
-            for v in _values_of(a):
+            for v in values_of(a):
                 out[v] = None
         return list(out)
 
@@ -198,11 +202,12 @@ class Op:
                                   "".join(", %s=%r" % kv for kv in self.attrs.items()))
 
 
-def _values_of(a) -> list:
+def values_of(a) -> list:
+    """The values an operand reads: a value, a read's value and its scale's, a dim's size."""
     if isinstance(a, Value):
         return [a]
     if isinstance(a, Read):
-        return [a.value] + [v for s in a.scale for v in _values_of(s)]
+        return [a.value] + [v for s in a.scale for v in values_of(s)]
     if isinstance(a, Dim):
         return [a.size] if isinstance(a.size, Value) else []
     return []
@@ -252,6 +257,15 @@ class Sweep:
     def users(self, v: Value) -> list:
         """The ops that read ``v``, in no particular order."""
         return list(self.readers.get(v, ()))
+
+    def updater(self, v: Value) -> Optional[Op]:
+        """The op that updates ``v`` in place, if one does (one at most: nothing reads it after)."""
+        return next((op for op in self.readers.get(v, ()) if op.inplace() is v), None)
+
+    def updated_between(self, values, pos: dict, lo: int, hi: int) -> bool:
+        """Whether an op at a position in [lo, hi) (``pos``: the positions) updates one of
+        ``values`` in place: a pass may not move a reader of it across that op."""
+        return any((op := self.updater(v)) is not None and lo <= pos[op] < hi for v in values)
 
     # -- changes
 

@@ -82,16 +82,6 @@ def _head_done_by(op: Op) -> tuple:
     return part, [Op("sum", [y], (Read(part),) + op.args[2:], **attrs)]
 
 
-def _updated_in_place(sweep: Sweep) -> dict:
-    """value -> the op that updates it in place (one at most: nothing reads it after that)."""
-    return {v: op for op in sweep.ops if (v := op.inplace()) is not None}
-
-
-def _unchanged(values, lo: int, hi: int, updated: dict, pos: dict) -> bool:
-    """No op at a position in (lo, hi) updates any of ``values`` in place."""
-    return not any(v in updated and lo < pos[updated[v]] < hi for v in values)
-
-
 def _made_before(sweep: Sweep, v: Value, at: int, pos: dict) -> bool:
     """``v`` is made before position ``at`` (or before the sweep)."""
     m = sweep.maker.get(v)
@@ -109,9 +99,8 @@ def _addable(op: Op) -> bool:
     return op.kind == "matmul" and not (op.attrs.get("total") or op.attrs.get("bmm") or op.attrs.get("out_scale"))
 
 
-def _added_product(sweep: Sweep, op: Op, pos: dict, ctx) -> Optional[dict]:
+def _added_product(sweep: Sweep, op: Op, pos: dict, kept) -> Optional[dict]:
     # Y = X + P, P = A @ B  =>  Y = addmm(X, A, B)
-    kept, updated = ctx
     terms = _head(op, (1, 1))
     if terms is None:
         return None
@@ -120,7 +109,7 @@ def _added_product(sweep: Sweep, op: Op, pos: dict, ctx) -> Optional[dict]:
         if prod is None or not _bare(p) or x.value is p.value or not _addable(prod) \
                 or not _only_reader(sweep, p.value, op, kept):
             continue
-        if not _unchanged(prod.values_read(), pos[prod], pos[op], updated, pos):
+        if sweep.updated_between(prod.values_read(), pos, pos[prod] + 1, pos[op]):
             continue  # A or B is updated in place between the product and the sum: keep them apart
         out, rest = _head_done_by(op)
         kind = "addmm" if prod.kind == "matmul" else "cat_addmm"
@@ -142,7 +131,7 @@ def added_products(sweep: Sweep, kept: set) -> None:
     ``_addmm`` falls back to ``X + A @ B`` where the shapes do not fold (a matrix beside a batch).
     Not where A or B is updated in place between the product and the sum, nor where P is read
     after the sweep (``kept``: the values read after it)."""
-    graph_rewrite(sweep, {"sum": [_added_product]}, (kept, _updated_in_place(sweep)))
+    graph_rewrite(sweep, {"sum": [_added_product]}, kept)
 
 
 # ---- a sum into a product that dies there ----------------------------------------------------------
@@ -219,8 +208,7 @@ def _row_sum(op: Op) -> Optional[Read]:
     return None
 
 
-def _affine_layernorm(sweep: Sweep, stats: Op, pos: dict, ctx) -> Optional[dict]:
-    kept, updated = ctx
+def _affine_layernorm(sweep: Sweep, stats: Op, pos: dict, kept: set) -> Optional[dict]:
     x, mean, rstd = stats.outs
     a = stats.args[0]
     if not _unscaled(a) or x in kept:
@@ -260,8 +248,8 @@ def _affine_layernorm(sweep: Sweep, stats: Op, pos: dict, ctx) -> Optional[dict]
     if len(wg) != 1 or not _only_reader(sweep, v, wg[0], kept) or not wb:
         return None
     wg, wb = wg[0], wb[0]
-    if min(pos[wg], pos[wb]) < pos[back] or not _unchanged((grad.value,), pos[f_u], max(pos[wg], pos[wb]) + 1,
-                                                           updated, pos):
+    if min(pos[wg], pos[wb]) < pos[back] or sweep.updated_between((grad.value,), pos, pos[f_u] + 1,
+                                                                  max(pos[wg], pos[wb]) + 1):
         return None  # the gradients are made where the backward is, from G as it is there
     s, rest = _head_done_by(f3)
     forward = Op("layernorm_affine", [s, mean, rstd], (a, g, b))
@@ -282,19 +270,18 @@ def affine_layernorms(sweep: Sweep, kept: set) -> None:
     G^t o g^t`` read as ``U^t``, sums over -1 read transposed). A layer norm where any of these
     is missing, or whose X, M or U something else reads, stays as it is. ``kept``: the values
     read after the sweep."""
-    ctx, pos = (kept, _updated_in_place(sweep)), sweep.positions()
+    pos = sweep.positions()
     gone: dict = {}
     kernels: dict = {}
     for op in [op for op in sweep.ops if op.kind == "layernorm_stats"]:
-        got = _affine_layernorm(sweep, op, pos, ctx)
+        got = _affine_layernorm(sweep, op, pos, kept)
         if got is not None and not any(k in gone or k in kernels for part in got for k in part):
             gone.update(got[0])
             kernels.update(got[1])
-    # in two changes: the kernels make values that ops after them made (the normalised sum, the
-    # gradients), which must be gone from the indexes first (a value is made once)
+    # in one change: the kernels make values that ops after them made (the normalised sum, the
+    # gradients), and a rewrite takes every replaced op out of the indexes before the new ones enter
     if kernels:
-        sweep.rewrite(gone)
-        sweep.rewrite(kernels)
+        sweep.rewrite({**gone, **kernels})
 
 
 # ---- a log-softmax's derivative from its forward --------------------------------------------------

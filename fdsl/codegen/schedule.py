@@ -22,9 +22,7 @@ Both targets. One walk over the sweep and one reorder: linear in the sweep.
 
 from __future__ import annotations
 
-from .ir import Sweep
-
-_PROLOGUE = ("input", "ids_input", "scalar_input", "dim", "const")
+from .ir import PROLOGUE, Sweep
 
 
 def early_results(sweep: Sweep, kept: set) -> None:
@@ -33,12 +31,12 @@ def early_results(sweep: Sweep, kept: set) -> None:
     moved past)."""
     pos = sweep.positions()
     start = -1  # the last op of the prologue at the head of the sweep
-    while start + 1 < len(sweep.ops) and sweep.ops[start + 1].kind in _PROLOGUE:
+    while start + 1 < len(sweep.ops) and sweep.ops[start + 1].kind in PROLOGUE:
         start += 1
     after: dict = {}  # position -> the results placed right after the op there
     moved = set()
     for j, op in enumerate(sweep.ops):
-        if op.kind in _PROLOGUE or op.inplace() is not None:
+        if op.kind in PROLOGUE or op.inplace() is not None:
             continue
         if any(sweep.readers.get(v) or v not in kept for v in op.outs):
             continue

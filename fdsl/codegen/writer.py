@@ -30,7 +30,7 @@ from ..base.errors import FdslError
 from ..core.ops import OPS
 from ..core.ops import shown as op_name
 from ..core.printers import short
-from .ir import Dim, Op, Read, Value
+from .ir import Dim, Read, Value, values_of
 from .source import _indent, _natural, docstring_literal
 
 # Names the generated module gives a meaning of its own: its imports, its globals and functions,
@@ -273,7 +273,7 @@ class Writer:
             return text + "".join(" %s %s" % ("-" if s < 0 else "+", self.read(r)) for s, r in items[1:])
 
         def values(items) -> list:
-            return [v for _, r in items for v in Op("scale", (), [r]).values_read()]
+            return [v for _, r in items for v in values_of(r)]
 
         if op in self.coalesced:  # the first term's array is this sum's: add the rest into it
             lines = []
