@@ -495,7 +495,7 @@ def test_a_trace_of_a_product_is_summed_without_the_product():
 def test_products_that_share_a_factor_read_the_sum_computed_anyway():
     # F A + F C b is F (A + C b) where A + C b is a node of the computation (an MLP's first weight
     # after a layer norm: its gradient is one product); where that sum is not there, it stays
-    from fdsl.codegen.fusion import factored
+    from fdsl.codegen.factoring import factored
     from fdsl.codegen.lowering import nodes
 
     p = fdsl.parse("dim n = 4, d = 3\nconst X : n x d, F : d x n, C : n x 1 = ones\nweight b : 1 x d\n"

@@ -29,8 +29,8 @@ product (torch: ``(b, n, d) @ (d, k)`` is one ``mm``), so a pass keeps a batched
 (``Value.batched``) on the left. The helpers the writers spell for these kinds are in the
 runtimes (``numpy_helpers``, ``torch_runtime``); how each kind is encoded: ``docs/ir.md``.
 
-``unlet`` and ``factored`` work on terms, before the lowering: they decide what is computed, not
-how the sweep does it.
+``unlet`` works on terms, before the lowering (as ``fdsl.codegen.factoring`` does): it decides what
+is computed, not how the sweep does it.
 """
 
 from __future__ import annotations
@@ -374,52 +374,3 @@ def unlet(order: list) -> dict:
         else:
             plain[n] = n
     return plain
-
-
-def _bag(terms) -> frozenset:
-    """The multiset of ``terms`` (a sum's summands in any order)."""
-    counts: dict = {}
-    for t in terms:
-        counts[t] = counts.get(t, 0) + 1
-    return frozenset(counts.items())
-
-
-def factored(order: list) -> dict:
-    """Node -> the same node with every sum of products that share an end factor F, ``F R_1 + ...
-    + F R_k``, written ``F (R_1 + ... + R_k)`` where that sum of the rests is itself a node of
-    ``order`` (children first), so computed anyway: the gradient of W1 in an MLP after a layer
-    norm, ``S^t A + S^t C b``, is ``S^t (A + C b)`` with ``A + C b`` the forward's layer norm. One
-    product instead of k (summed over a batch: one product with the examples side by side), and
-    no sum of products. A sum whose products share nothing such stays as it is."""
-    sums = {_bag(n.args): n for n in order if n.op == "add" and not n.scalar}
-    products = {n.args: n for n in order if n.op == "mul" and not n.scalar}
-    out: dict = {}
-    for n in order:
-        args = tuple(out[a] for a in n.args)
-        new = T.renamed(n, args) if args != n.args else n
-        if new.op == "add" and not new.scalar and len(new.args) > 1:
-            new = _factor_sum(new, sums, products)
-        out[n] = new
-    return out
-
-
-def _factor_sum(s, sums: dict, products: dict):
-    for end in (0, -1):  # a shared left factor, then a shared right one
-        groups: dict = {}
-        for x in s.args:
-            if x.op == "mul" and not any(f.scalar for f in x.args):
-                groups.setdefault(x.args[end], []).append(x)
-        for shared, members in groups.items():
-            if len(members) < 2:
-                continue
-            rests = []
-            for m in members:
-                rest = m.args[1:] if end == 0 else m.args[:-1]
-                rests.append(rest[0] if len(rest) == 1 else products.get(rest))
-            whole = sums.get(_bag(rests)) if None not in rests else None
-            if whole is None:
-                continue
-            product = T.mul(shared, whole) if end == 0 else T.mul(whole, shared)
-            kept = [x for x in s.args if not any(x is m for m in members)]
-            return T.add(*kept, product) if kept else product
-    return s

@@ -34,22 +34,22 @@ template in the operator table (``fdsl.core.ops.OPS[op].numpy``, placeholders as
 
 Subterms equal up to ``let`` names are one base (``fusion.unlet`` strips the names first and keeps
 them for the variables): the body of ``gpt_2 := ...`` and its copy inline in the loss, or in a
-natural spelling whose names were found, are computed once. A Hadamard factor whose rows are all
-one row, ``C r``, is r broadcast. On a target that ``folds_batches`` (torch), a product whose right
-side alone varies per example is computed as the transpose of the reversed product, so the batch
-is on the left, where torch folds it into one matrix product; on one with ``fused_layernorm``,
+natural spelling whose names were found, are computed once. A Hadamard factor whose rows are all one
+row, ``C r``, is r broadcast. On a target that ``folds_batches`` (torch), a product whose right side
+alone varies per example is computed as the transpose of the reversed product, so the batch is on
+the left, where torch folds it into one matrix product; on one with ``fused_layernorm``,
 ``layernorm(A)`` keeps its row statistics and ``dlayernorm(A, B)`` is the library's fused backward
-from them. Before any of this, ``fusion.factored`` writes ``F A + F B`` as ``F (A + B)`` where
-``A + B`` is computed anyway, and ``trace(P Q)`` is lowered as the sum of ``P^t o Q`` (``trace(P aa(A,
-B))`` as ``trace(aa(A, P^t)^t B)`` where that aa is computed anyway: a learned temperature's
-gradient). Products are ``fdsl.codegen.products`` (a mixin). The passes then rewrite the sweep
-(``run_passes``; the tests check the IR after each): ``fdsl.codegen.fusion``: a
-weight's gradient summed over the batch inside its last product, sums of products and products
-that share an operand as one product, and (torch) a product of two batches as one ``bmm`` and the
-heads of an attention as one stacked chain (``heads``); on torch, ``heads`` reads the stacks without
-unstacking them and ``kernels`` calls torch's fused kernels (addmm, the affine layer norm and its
-backward, the log-softmax backward); last, ``schedule`` computes every weight's gradient as soon as
-what it reads is known.
+from them. Before any of this, ``factoring.factored`` writes ``F A + F B`` as ``F (A + B)`` where
+``A + B`` is computed anyway (the terms a bias adds, found again), and ``trace(P Q)`` is lowered as
+the sum of ``P^t o Q`` (``trace(P aa(A, B))`` as ``trace(aa(A, P^t)^t B)`` where that aa is computed
+anyway: a learned temperature's gradient). Products are ``fdsl.codegen.products`` (a mixin). The
+passes then rewrite the sweep (``run_passes``; the tests check the IR after each):
+``fdsl.codegen.fusion``: a weight's gradient summed over the batch inside its last product, sums of
+products and products that share an operand as one product, and (torch) a product of two batches as
+one ``bmm`` and the heads of an attention as one stacked chain (``heads``); on torch, ``heads``
+reads the stacks without unstacking them and ``kernels`` calls torch's fused kernels (addmm, the
+affine layer norm and its backward, the log-softmax backward); last, ``schedule`` computes every
+weight's gradient as soon as what it reads is known.
 
 The writer (``fdsl.codegen.writer``) spells the sweep as the function's body, with the function and
 the module around it (imports, the runtime helpers); the torch training classes are
@@ -68,9 +68,9 @@ from ..core.ops import OPS
 from ..core.ops import shown as op_name
 from ..core.printers import short
 from ..core.terms import Term, postorder
+from .factoring import factored
 from .fusion import (
     batched_products,
-    factored,
     group_products,
     group_sums,
     shared_scalings,

@@ -1,0 +1,141 @@
+"""The factoring of sums before the lowering (fdsl.codegen.factoring): the terms a bias adds to every
+gradient it reaches, found again as products of the sums the forward computes.
+
+Each structural test also runs with the factoring switched off and checks that it then sees more
+work (so the test fails when the rule does not fire); each value test compares the factored
+gradients with the unfactored ones (the lowering's earlier path) and with central differences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fdsl
+from fdsl.calculus.gradients import gradient_terms, loss_of
+from fdsl.codegen import lowering
+from fdsl.codegen.factoring import factored
+from fdsl.codegen.generated import compile_namespace, gradients_source
+from fdsl.codegen.lowering import nodes
+
+HEAD = """dim n = 5, d = 4, k = 3
+const X : n x d, Y : n x d
+const C : n x 1 = ones
+const M : n x n = causal
+weight Q, K, V : d x k, O : k x d, bq, bk, bv : 1 x k
+Z = a((X Q + C bq) (X K + C bk)^t + M) (X V + C bv) O
+L = 1/2 trace((Z - Y)^t (Z - Y))
+w = -d(L)
+"""
+
+MINI_GPT = """dim n = 5, v = 7, d = 4, k = 2, f = 8
+const X, Y : n x v onehot
+const C : n x 1 = ones
+const M : n x n = causal
+scalar s = k^(-1/2)
+weight E : v x d, P : n x d
+weight Q[i, j], K[i, j], V[i, j] : d x k, O[i, j] : k x d
+weight bq[i, j], bk[i, j], bv[i, j] : 1 x k
+weight bo[i] : 1 x d
+weight g1[i], b1[i], g2[i], b2[i], c2[i] : 1 x d
+weight W1[i] : d x f, c1[i] : 1 x f, W2[i] : f x d
+weight gf, bf : 1 x d
+ln(Z, g, b) = layernorm(Z) * (C g) + C b
+head(i, j, Z) = a(s (Z Q[i, j] + C bq[i, j]) (Z K[i, j] + C bk[i, j])^t + M) (Z V[i, j] + C bv[i, j]) O[i, j]
+heads(i, 0, Z) = head(i, 0, Z)
+heads(i, j, Z) = heads(i, j-1, Z) + head(i, j, Z)
+attention(i, Z) = Z + heads(i, 1, ln(Z, g1[i], b1[i])) + C bo[i]
+mlp(i, Z) = Z + gelu(ln(Z, g2[i], b2[i]) W1[i] + C c1[i]) W2[i] + C c2[i]
+gpt(0) = X E + P
+gpt(L) := mlp(L-1, attention(L-1, gpt(L-1)))
+L = -trace(Y^t logsoftmax(ln(gpt(2), gf, bf) E^t))
+w = -d(L)
+"""
+
+
+def _sweep_kinds(program, target="torch"):
+    """The op kinds of the sweep the lowering makes for ``w`` of ``program``, counted."""
+    w = program["w"]
+    low = lowering.Lowering(gradient_terms(program.normal_form(w)), program.dims, target, loss=loss_of(w))
+    low.lower()
+    counts: dict = {}
+    for op in low.sweep.ops:
+        counts[op.kind] = counts.get(op.kind, 0) + 1
+    return counts
+
+
+@pytest.fixture
+def unfactored(monkeypatch):
+    """The lowering without the factoring (every node as it is)."""
+    monkeypatch.setattr(lowering, "factored", lambda order: {n: n for n in order})
+
+
+def test_a_biased_head_has_one_softmax_backward_and_no_extra_products(monkeypatch):
+    p = fdsl.parse(HEAD)
+    kinds = _sweep_kinds(p)
+    assert kinds.get("aa_given") == 1, kinds  # aa(H, G O^t (X V + C bv)^t): one, not two
+    products = kinds.get("matmul", 0) + kinds.get("grouped", 0)
+    monkeypatch.setattr(lowering, "factored", lambda order: {n: n for n in order})
+    off = _sweep_kinds(p)
+    assert off.get("aa_given", 0) >= 2 and off.get("matmul", 0) + off.get("grouped", 0) > products, (kinds, off)
+
+
+def test_the_four_terms_of_a_bias_on_both_sides_are_one_product():
+    # bk's gradient, -(X Q + C bq)^t aa(H, G O^t (X V + C bv)^t) C, is four products in the normal form
+    p = fdsl.parse(HEAD)
+    terms = gradient_terms(p.normal_form(p["w"]))
+    order = nodes(list(terms.values()))
+    out = factored(order)
+    bk = terms["bk"]
+    while bk.op == "t":
+        bk = bk.args[0]
+    assert bk.op == "add" and len(bk.args) == 4, bk
+    assert out[bk].op == "mul" and sum(f.op == "aa" or (f.op == "t" and f.args[0].op == "aa")
+                                       for f in out[bk].args) == 1, out[bk]
+
+
+def test_a_sum_without_a_computed_sum_under_it_stays():
+    # F u v^t + F w z^t: (u v^t + w z^t) is computed nowhere, so F (...) would be a new dense product
+    p = fdsl.parse("dim n = 4\nconst F : n x n, u, w : n x 1, v, z : 1 x n\nT = F u v + F w z\n")
+    T_ = p["T"]
+    assert factored(nodes([T_]))[T_] is T_
+
+
+@pytest.mark.parametrize("source", [HEAD, MINI_GPT], ids=["head", "mini-gpt"])
+def test_factored_gradients_equal_the_unfactored_ones_and_central_differences(monkeypatch, source):
+    from fdsl.numbers.values import evaluate_in, program_values, random_values
+
+    p = fdsl.parse(source)
+    w = p["w"]
+    random_values(p, 29)
+    store = program_values(p)
+
+    def grads():
+        src = gradients_source(p.normal_form(w), p.dims, "test", "numpy", loss=loss_of(w))
+        module = compile_namespace(src)
+        return module["grads_and_loss"]({name: store[name] for name in module["INPUTS"]})
+
+    g, loss = grads()
+    with monkeypatch.context() as m:
+        m.setattr(lowering, "factored", lambda order: {n: n for n in order})
+        g_off, loss_off = grads()
+    assert abs(float(loss) - float(loss_off)) <= 1e-12 * abs(float(loss_off))
+    assert set(g) == set(g_off)
+    for name in g_off:
+        scale = max(1.0, float(np.abs(g_off[name]).max()))
+        assert np.abs(np.asarray(g[name]) - np.asarray(g_off[name])).max() <= 1e-11 * scale, name
+    # central differences of the loss on an entry of each weight (w = -d(L): G_W^t = -dL/dW)
+    rng = np.random.default_rng(29)
+    for name in sorted(g):
+        W = np.array(store[name], dtype=float)
+        i = tuple(int(rng.integers(0, s)) for s in W.shape)
+        h = 1e-6
+        sides = []
+        for sign in (1, -1):
+            moved = W.copy()
+            moved[i] += sign * h
+            store[name] = moved
+            sides.append(float(evaluate_in(p, p["L"])[0, 0]))
+        store[name] = W
+        fd = (sides[0] - sides[1]) / (2 * h)
+        assert abs(-float(np.asarray(g[name])[i]) - fd) <= 1e-6 * max(1.0, abs(fd)), (name, i, fd)
