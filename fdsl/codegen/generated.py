@@ -60,9 +60,15 @@ class FdslLoss(torch.autograd.Function):
         g, shapes = ctx.grads, ctx.shapes
         del ctx.grads, ctx.shapes
         scale = -grad_loss
-        # the gradients that are tensors scaled by one foreach product (one aten call, not one per weight)
+        # the gradients that are tensors scaled by one foreach product (one aten call, not one per
+        # weight), in place: they are the sweep's own arrays, read by nothing else, and new ones
+        # would be a step's worth of fresh memory (page faults: slower than the product itself);
+        # a broadcast view (a stride 0) is scaled into a new one
         names = [name for name in g if torch.is_tensor(g[name])]
-        scaled = dict(zip(names, torch._foreach_mul([g[name] for name in names], scale))) if names else {}
+        own = [name for name in names if all(s or n == 1 for s, n in zip(g[name].stride(), g[name].shape))]
+        if own:
+            torch._foreach_mul_([g[name] for name in own], scale)
+        scaled = {name: g[name] for name in own}
         out = []
         for name, shape in zip(TRAINED, shapes):
             if name not in g or shape is None:
