@@ -107,7 +107,7 @@ def _initial(name, shape, dtype, device, generator):
     value = torch.randn(shape, dtype=dtype, device=device, generator=generator)
     if init[2] is None:  # undeclared: as fdsl's random draws a weight
         return value / shape[0] ** 0.5 if shape else value
-    return value * init[2] + init[1] if init[1] else value * init[2]
+    return value * init[2] + init[1]
 
 
 _DATA_NAMES = tuple(name for name in TRAINED if name not in WEIGHTS)  # the inputs that are not weights

@@ -51,6 +51,7 @@ from ..core.printers import text
 from ..core.terms import Symbol, Term, init_text, postorder, tree_size
 from . import numpy_runtime
 
+
 def initial_value(symbol: Symbol, shape: tuple, rng=None) -> np.ndarray:
     """The value of a weight declared with an initial value (``Symbol.init``: ones, zeros, identity,
     normal(mean, std)) of ``shape``, float64; a normal one is drawn from ``rng``."""
