@@ -197,13 +197,8 @@ def copy_weights(model, ref: Reference):
 
 def pair(module, dtype, seed=0):
     """(fdsl's step module, the reference) with the same weights, in ``dtype``."""
+    # layer norms start as torch initialises them, gain 1 and bias 0, as chargpt.fd declares them
     model = module.Model(dtype=dtype, generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():  # layer norm as torch initialises it: gain 1, bias 0 (others as fdsl draws)
-        for name, p in model.named_weights():
-            if name[:2] in ("g1", "g2") or name == "gf":
-                p.fill_(1.0)
-            elif name[:2] in ("b1", "b2", "c1", "c2") or name == "bf":
-                p.zero_()
     ref = Reference().to(dtype)
     copy_weights(model, ref)
     return FdslStep(model, dtype), ref

@@ -81,13 +81,7 @@ def main(argv=None) -> int:
     m = load(args.module)
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
     g = torch.Generator().manual_seed(args.seed)
-    model = m.Model(dtype=dtype, generator=g).to(device)
-    with torch.no_grad():  # layer norm starts as torch's does: gain 1, bias 0
-        for name, p in model.named_weights():
-            if name[:2] in ("g1", "g2") or name == "gf":
-                p.fill_(1.0)
-            elif name[:2] in ("b1", "b2", "c1", "c2") or name == "bf":
-                p.zero_()
+    model = m.Model(dtype=dtype, generator=g).to(device)  # gains 1 and biases 0, as chargpt.fd declares them
     ids = torch.tensor(encode(Path(args.text).read_text(encoding="utf-8")), device=device)
     groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": args.weight_decay},
               {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]

@@ -200,3 +200,7 @@ def test_running_the_flows_example_leaves_the_checkout_unmodified(run_fdsl):
 
 def test_the_onehot_example_and_its_output_are_real():
     _shown_with_its_output("onehot.fd")
+
+
+def test_the_initial_values_example_and_its_output_are_real():
+    _shown_with_its_output("init.fd")

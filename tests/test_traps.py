@@ -455,3 +455,68 @@ def test_values_and_random_combine_data_from_the_file_and_the_rest_drawn(run_fds
     if command != "run":
         r = run_fdsl(command, path, "--values", "x.npz", *extra, cwd=tmp_path)
         assert r.returncode == 2 and "--random" in r.stderr, r.stderr
+
+
+# ---- issue 31, items 4 and 6: float32 in, float32 out; weights that start where they are declared ----------
+
+DTYPE_MODEL = """dim n = 4, d = 3
+const X : n x d, Y : n x d
+weight W : d x d
+L = -trace(Y^t logsoftmax(layernorm(gelu(X W))))
+w = -d(L)
+"""
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+@pytest.mark.parametrize("forced", [True, False])
+def test_a_float32_module_returns_float32_with_gelu_layernorm_and_logsoftmax(run_fdsl, tmp_path, target, forced):
+    torch = pytest.importorskip("torch")
+    path = write(tmp_path, DTYPE_MODEL)
+    out = tmp_path / ("m_%s_%s.py" % (target, forced))
+    r = run_fdsl("codegen", path, "--form", "w", "--target", target, "-o", out,
+                 *(["--dtype", "float32"] if forced else []))
+    assert r.returncode == 0, r.stderr
+    namespace = {}
+    exec(compile(out.read_text(), str(out), "exec"), namespace)
+    rng = np.random.default_rng(0)
+    vals = {"X": rng.standard_normal((4, 3)), "Y": rng.random((4, 3)), "W": rng.standard_normal((3, 3))}
+    if not forced:  # float32 inputs: computed in float32
+        vals = {k: v.astype(np.float32) for k, v in vals.items()}
+    if target == "torch":
+        vals = {k: torch.tensor(v) for k, v in vals.items()}
+    got = namespace["grads"](vals)["W"]
+    assert str(got.dtype).endswith("float32"), got.dtype  # was float64 from the numpy module
+
+
+def test_a_weight_starts_at_the_value_its_declaration_gives(run_fdsl, tmp_path):
+    # was: "a weight can be given the value ones, identity or causal", refusing ones
+    text = ("dim n = 4, d = 3\nconst X : n x d, C : n x 1 = ones\nweight W : d x d = normal(0.02)\n"
+            "weight g : 1 x d = ones, b : 1 x d = zeros\nZ = layernorm(X W) * (C g) + C b\n")
+    path = write(tmp_path, text + "random 0\nshow eval(g)\nshow eval(b)\n")
+    r = run_fdsl("run", path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[[1. 1. 1.]]\n[[0. 0. 0.]]\n"
+    r = run_fdsl("run", write(tmp_path, text.replace("= ones, b", "= causal, b"), "bad.fd"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "bad.fd:4:20: a weight's initial value is ones, zeros, identity, normal(STD)" in r.stderr
+
+
+def test_the_generated_model_starts_layer_norms_as_declared(examples):
+    # was: every weight N(0, 1) / sqrt(rows), gains and biases too (train_chargpt.py fixed them by hand)
+    torch = pytest.importorskip("torch")
+    from fdsl.calculus.gradients import loss_of
+    from fdsl.codegen import generated as codegen
+
+    program = fdsl.load(examples / "chargpt.fd")
+    source = codegen.gradients_source(program.normal_form(program["w"]), program.dims, "chargpt", "torch", None,
+                                      loss_of(program["w"]))
+    model = codegen.compile_namespace(source)["Model"](dtype=torch.float32)
+    weights = {name: p.detach() for name, p in model.named_weights()}
+    for name, p in weights.items():
+        if name[:2] in ("g1", "g2") or name == "gf":
+            assert (p == 1).all(), name
+        elif name[:2] in ("b1", "b2", "c1", "c2") or name == "bf":
+            assert (p == 0).all(), name
+        else:
+            assert p.std() > 0.05, name
+    assert "fill_" not in (examples / "train_chargpt.py").read_text()

@@ -36,6 +36,9 @@ _TORCH_TRAINING = '''# ---- training with torch --------------------------------
 
 WEIGHTS = %(weights)r  # the weights, in the order of their gradients
 SHAPES = %(shapes)r  # None: a dim read off the values; (): a scalar weight, 0-d
+# the initial values declared (weight g : 1 x d = ones): ("ones",), ("zeros",), ("identity",) or
+# ("normal", mean, std); a weight not here starts as normal entries / sqrt(rows)
+INIT = %(init)r
 DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one ((rows,): ids)
 TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and the scalar weights
 
@@ -99,13 +102,28 @@ def loss(values: dict):
     return FdslLoss.apply(scalars, *(values[name] for name in TRAINED))
 
 
+def _initial(name, shape, dtype, device, generator):
+    """The initial value of the weight ``name`` (of ``shape``): its declared one, else normal
+    entries scaled by 1/sqrt(rows)."""
+    init = INIT.get(name, ("normal", 0.0, None))
+    if init[0] in ("ones", "zeros"):
+        return (torch.ones if init[0] == "ones" else torch.zeros)(shape, dtype=dtype, device=device)
+    if init[0] == "identity":
+        return torch.eye(shape[0], dtype=dtype, device=device)
+    value = torch.randn(shape, dtype=dtype, device=device, generator=generator)
+    if init[2] is None:  # undeclared: as fdsl's random draws a weight
+        return value / shape[0] ** 0.5 if shape else value
+    return value * init[2] + init[1]
+
+
 _DATA_NAMES = tuple(name for name in TRAINED if name not in WEIGHTS)  # the inputs that are not weights
 
 
 class Model(torch.nn.Module):
     """The weights, and ``forward(**data)`` the loss: a module for optimisers, torch.compile and
-    DistributedDataParallel. ``weights``: initial values by name (default: normal entries scaled
-    by 1/sqrt(rows), as fdsl's ``random`` draws them).
+    DistributedDataParallel. ``weights``: initial values by name (default: the value the
+    declaration gives, ``INIT``, else normal entries scaled by 1/sqrt(rows), as fdsl's ``random``
+    draws them).
 
     Every weight is a parameter of its own, under its printed name: ``named_parameters()`` yields
     ``Q_0``, ``K_0``, ...; ``state_dict()`` and ``load_state_dict()`` go by those names, and
@@ -144,9 +162,7 @@ class Model(torch.nn.Module):
             else:
                 if None in shape:
                     raise ValueError("the shape of %%s has a dim without a size: give its initial value" %% name)
-                value = torch.randn(shape, dtype=dtype, device=device, generator=generator)
-                if shape:
-                    value = value / shape[0] ** 0.5
+                value = _initial(name, shape, dtype, device, generator)
             if name in _ROWS:
                 value = value.reshape(-1)
             self.register_parameter(self._names[name], torch.nn.Parameter(value))
@@ -263,7 +279,8 @@ def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping
     data = {name: shape(leaves[name])[:1] if leaves[name].data[0].onehot else shape(leaves[name])
             for name in lowering.input_names() if leaves[name].data[0].kind == "const"}  # ids: (rows,)
     what = "1/2 ||E||^2 of w = form(E)" if not loss.scalar else "of w = -d(L)"
-    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "data": data, "loss": what}
+    init = {name: leaves[name].data[0].init for name in shapes if leaves[name].data[0].init is not None}
+    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "init": init, "data": data, "loss": what}
 
 
 def _wrap(s: str, width: int = 96) -> str:

@@ -37,7 +37,7 @@ from .source import _indent, _natural, docstring_literal
 # the builtins. A symbol called INPUTS or grads gets a variable with a suffix (INPUTS_2): a local
 # of the name would hide the global from the function reading it (UnboundLocalError).
 _RESERVED = {"np", "torch", "math", "values", "INPUTS", "IDS", "FLOATS", "DTYPE", "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS",
-             "SHAPES", "DATA", "grads", "grads_and_loss", "loss", "FdslLoss", "Model"} | set(dir(builtins))
+             "SHAPES", "INIT", "DATA", "grads", "grads_and_loss", "loss", "FdslLoss", "Model"} | set(dir(builtins))
 
 
 def _is_temp(name: str) -> bool:

@@ -7,7 +7,8 @@ Term       one node of the term graph: an operator (see ``fdsl.core.ops``), a tu
            so ``==`` and ``hash`` are identity and cost O(1), and a subterm that occurs many times
            is stored once. A term is a DAG, never expanded into a tree.
 Symbol     the payload of a ``sym`` leaf: name, index tuple (``Q[0]`` is ``Symbol("Q", (0,))`` and
-           prints ``Q_0``), kind (const, scalar, weight, dim), shape and optional built-in value.
+           prints ``Q_0``), kind (const, scalar, weight, dim), shape and optional built-in value;
+           a weight may have an initial value instead (``init``: ones, zeros, normal(std)).
 word       the factors of a product read left to right (a non-product term is a one-letter word).
 scalar     a 1 x 1 term that commutes: numbers, declared scalars, dims used as numbers, traces,
            and products, sums and powers of those. In a product, scalars stand first.
@@ -158,10 +159,21 @@ class Symbol:
     # a const declared ``n x v onehot``: every row is one-hot, and its value is given as ids, one
     # integer in [0, v) per row ((n,), or (batch, n)); the terms and the normal form are the same
     onehot: bool = False
+    # a weight's initial value, from its declaration (``weight g : 1 x d = ones``): ("ones",),
+    # ("zeros",), ("identity",) or ("normal", mean, std); None: normal entries / sqrt(rows). Not a
+    # value: the weight is still an input that values files give and training moves.
+    init: Optional[tuple] = None
 
     def printed(self) -> str:
         """``Q_0`` for ``Q[0]``: the key of the symbol in value files and gradient files."""
         return self.name + "".join("_%d" % i for i in self.index)
+
+
+def init_text(init: tuple) -> str:
+    """An initial value as its declaration writes it: ``ones``, ``normal(0.02)``, ``normal(1, 0.5)``."""
+    if init[0] != "normal":
+        return init[0]
+    return "normal(%s)" % ("%r" % init[2] if init[1] == 0 else "%r, %r" % init[1:])
 
 
 def _intern(op, args, data, shape, scalar):

@@ -60,6 +60,7 @@ class Family:
     shape: tuple
     value: object
     scalar: bool = False  # weight tau[i] : scalar
+    init: Optional[tuple] = None  # weight g[i] : 1 x d = ones: every member's initial value (Symbol.init)
 
 
 def _pattern(params) -> tuple:
@@ -98,12 +99,15 @@ class Elaborator:
 
     def _declare_symbols(self, st: Stmt):
         kind = st.name
-        shape = None
-        # a shape applies to the names before it that have none: weight Q[i], K[i] : d x k
+        shape = value = None
+        # a shape applies to the names before it that have none: weight Q[i], K[i] : d x k; and
+        # so does the value written after it: weight g1, g2 : 1 x d = ones starts both at ones
         for item in reversed(st.items):
             if item["shape"] is not None:
-                shape = item["shape"]
+                shape, value = item["shape"], item["value"]
             item["_shape"] = shape
+            if item["shape"] is None and item["value"] is None:
+                item["value"] = value
         for item in st.items:
             self._declare_symbol(kind, item)
 
@@ -134,17 +138,19 @@ class Elaborator:
         for dimname in shape:
             if isinstance(dimname, str) and dimname not in self.dims:
                 raise where("unknown dim %r in the shape of %s; declare it with: dim %s" % (dimname, name, dimname))
-        value = None
-        if item["value"] is not None:
+        value = init = None
+        if item["value"] is not None and kind == "weight":
+            init = self._weight_init(name, shape, scalar_weight, item["value"])
+        elif item["value"] is not None:
             value = self._symbol_value(kind, name, shape, item["value"])
         clash = self._printed_clash(name, bool(item["indices"]))
         if clash:
             raise where(clash)
         self._declare_name(name, kind, line, col)
         if item["indices"]:
-            self.families[name] = Family(kind, item["indices"], shape, value, scalar_weight)
+            self.families[name] = Family(kind, item["indices"], shape, value, scalar_weight, init)
         else:
-            self.symbols[name] = T.sym(Symbol(name, (), kind, value, scalar_weight, onehot), shape)
+            self.symbols[name] = T.sym(Symbol(name, (), kind, value, scalar_weight, onehot, init), shape)
 
     def _printed_clash(self, name: str, family: bool):
         """Why ``name`` would print as a member of a family, or a family's members as a declared name
@@ -177,6 +183,38 @@ class Elaborator:
             return value
         raise self.error("a %s can be given the value ones, identity or causal; other values come from "
                          "'values \"file.npz\"' or 'random SEED'" % kind, node)
+
+    def _weight_init(self, name, shape, scalar_weight, node: Node) -> tuple:
+        """The initial value of a weight (``Symbol.init``): ``ones``, ``zeros``, ``identity`` (square),
+        ``normal(STD)`` or ``normal(MEAN, STD)``, each a constant number."""
+        if node.kind == "name" and node.value in ("ones", "zeros", "identity"):
+            if node.value == "identity" and (scalar_weight or shape[0] != shape[1]):
+                raise self.error("%s = identity needs a square shape, not %s" % (
+                    name, "a scalar" if scalar_weight else "(%s x %s)" % shape), node)
+            return (node.value,)
+        if node.kind == "call" and node.value == "normal" and len(node.args) in (1, 2):
+            numbers = [self._init_number(arg) for arg in node.args]
+            mean, std = (0.0, numbers[0]) if len(numbers) == 1 else numbers
+            if not std >= 0:
+                raise self.error("the standard deviation of normal(...) is a number >= 0, not %r" % std,
+                                 node.args[-1])
+            return ("normal", mean, std)
+        raise self.error("a weight's initial value is ones, zeros, identity, normal(STD) or normal(MEAN, STD) "
+                         "(normal entries of that mean and standard deviation: normal(0.02)); without one, "
+                         "'random SEED' draws normal entries scaled by 1/sqrt(rows), and other values come "
+                         "from 'values \"file.npz\"'", node)
+
+    def _init_number(self, node: Node) -> float:
+        """A constant number of an initial value (``0.02``, ``1/50``, ``d^(-1/2)``) as a float."""
+        try:
+            value = self.evaluate(node, {})
+        except FdslError:
+            value = None
+        number = _constant_float(value)
+        if number is None:
+            raise self.error("the arguments of normal(...) in a declaration are numbers (0.02, 1/50, "
+                             "d^(-1/2)), not %s" % (render(value) if value is not None else "this"), node)
+        return number
 
     def _define(self, st: Stmt):
         if st.name in self.symbols or st.name in self.dims or st.name in self.families:
@@ -438,7 +476,7 @@ class Elaborator:
                                                               "" if len(fam.indices) == 1 else "es", len(index)), node)
         if any(i < 0 for i in index):
             raise self.error("indices are whole numbers, not %s" % ", ".join(map(str, index)), node)
-        return T.sym(Symbol(name, index, fam.kind, fam.value, fam.scalar), fam.shape)
+        return T.sym(Symbol(name, index, fam.kind, fam.value, fam.scalar, init=fam.init), fam.shape)
 
     def _where(self, node: Node, env: dict):
         """``(e where N[i] := b, M = c, ...)``: each binding visible to later ones; ``:=`` makes a named
@@ -607,6 +645,31 @@ def _multipliable(terms) -> bool:
 def _zero_like(t: Term, other: Term) -> Term:
     """``t``, or the zero matrix of ``other``'s shape if ``t`` is the number 0 beside a matrix."""
     return T.zero(other.shape) if t.op == "num" and t.data == 0 and not other.scalar else t
+
+
+def _constant_float(value) -> Optional[float]:
+    """The number a constant scalar value stands for (a Fraction, a number term, a dim's size, and
+    powers and products of those), else None."""
+    if isinstance(value, (int, Fraction)):
+        return float(value)
+    if not isinstance(value, Term) or not value.scalar:
+        return None
+    if value.op == "num":
+        return float(value.data)
+    if value.op == "sym" and value.data[0].kind == "dim" and isinstance(value.data[0].value, int):
+        return float(value.data[0].value)
+    if value.op == "pow":
+        base = _constant_float(value.args[0])
+        return None if base is None or base < 0 else base ** float(value.data)
+    if value.op == "mul":
+        out = 1.0
+        for arg in value.args:
+            x = _constant_float(arg)
+            if x is None:
+                return None
+            out *= x
+        return out
+    return None
 
 
 def _is_number(v) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 
 from ..core.printers import text
+from ..core.terms import init_text
 
 
 def _shape(shape) -> str:
@@ -31,15 +32,16 @@ def declarations(program) -> list:
             continue
         if name in program.families:
             fam = program.families[name]
-            kind, shape, value = fam.kind, fam.shape, fam.value
+            kind, shape, value = fam.kind, fam.shape, fam.value if fam.init is None else init_text(fam.init)
             shown = "%s[%s]" % (name, ", ".join(fam.indices))
         elif name in program.symbols:
             symbol = program.symbols[name].data[0]
             kind, shape, value = symbol.kind, program.symbols[name].data[1], symbol.value
+            value = value if symbol.init is None else init_text(symbol.init)
             shown = name
         else:
             continue
-        if value is not None:  # a value is written per name: const C : n x 1 = ones
+        if value is not None:  # a value is written per name: const C : n x 1 = ones, weight g : 1 x d = ones
             written = text(value) if not isinstance(value, str) else value
             lines.append("%s %s%s = %s" % (kind, shown, "" if kind == "scalar" else " : " + _shape(shape), written))
             last = None

@@ -48,8 +48,23 @@ from ..base.inputs import check_allocation
 from ..core.ops import OPS, shape_str
 from ..core.ops import shown as op_name
 from ..core.printers import text
-from ..core.terms import Symbol, Term, postorder, tree_size
+from ..core.terms import Symbol, Term, init_text, postorder, tree_size
 from . import numpy_runtime
+
+
+def initial_value(symbol: Symbol, shape: tuple, rng=None) -> np.ndarray:
+    """The value of a weight declared with an initial value (``Symbol.init``: ones, zeros, identity,
+    normal(mean, std)) of ``shape``, float64; a normal one is drawn from ``rng``."""
+    kind = symbol.init[0]
+    if kind == "ones":
+        return np.ones(shape)
+    if kind == "zeros":
+        return np.zeros(shape)
+    if kind == "identity":
+        return np.eye(shape[0])
+    mean, std = symbol.init[1:]
+    return mean + std * rng.standard_normal(shape)
+
 
 # ---- lowering: operator -> numpy function -----------------------------------------------------
 
@@ -247,6 +262,12 @@ class Evaluator:
         if getattr(self.values, "seed", None) is not None:  # a program's Values draws on demand
             drawn = self.values.generate(symbol, self.shape(shape, "drawing random values for %s" % name))
             return one_hot(drawn, self.size(shape[1], name)) if symbol.onehot else drawn
+        if symbol.init is not None and symbol.init[0] != "normal":  # ones, zeros, identity: no seed needed
+            value = self._bound[name] = initial_value(symbol, self.shape(shape, name))
+            return value
+        if symbol.init is not None:
+            raise FdslError("%s has no value: its initial value %s is drawn by 'random SEED' (or fdsl run "
+                            "--random), or give it with 'values \"FILE.npz\"'" % (name, init_text(symbol.init)))
         raise FdslError("%s has no value: give values with 'values \"FILE.npz\"' (or fdsl run --values), "
                         "or random ones with 'random SEED' (or fdsl run --random)" % name)
 

@@ -31,11 +31,16 @@ code (``fdsl codegen``): keep it that way.
 import numpy as np
 
 
+def _floats(A):
+    """A as an array of floats: its own dtype when it has one (float32 stays float32: every helper
+    computes in the dtype of its arguments, as the generated code promises), else float64."""
+    A = np.asarray(A)
+    return A if A.dtype.kind == "f" else A.astype(np.float64)
+
+
 def _softmax(A):
     """Row-wise softmax, stable: the row maximum is subtracted before exponentiating."""
-    A = np.asarray(A)
-    if A.dtype.kind != "f":  # computed in the dtype of its argument (float32 stays float32)
-        A = A.astype(np.float64)
+    A = _floats(A)
     e = A - A.max(axis=-1, keepdims=True)  # rows are the last axis: a batch of matrices works too
     np.exp(e, out=e)  # in place: one n x n array instead of three
     e /= e.sum(axis=-1, keepdims=True)
@@ -69,13 +74,14 @@ def _mul(*factors):
     product = None
     for x in factors:
         if _is_scalar(x):
-            coeff = coeff * np.asarray(x, dtype=np.float64).reshape(())
+            # a Python number: numpy's weak scalar, so that it scales a float32 product in float32
+            coeff = coeff * float(np.asarray(x).reshape(()))
         elif product is None:
             product = x
         else:
             product = product @ x
     if product is None:
-        return np.full((1, 1), coeff)
+        return np.full((1, 1), coeff, dtype=np.result_type(*(_floats(x) for x in factors)))
     # a coefficient of exactly 1 (no scalars, or a product of ones) costs nothing
     return product if coeff == 1.0 else coeff * product
 
@@ -85,7 +91,7 @@ def _erfc_nonneg(z):
     erf(z) = 2/sqrt(pi) exp(-z^2) sum_n (2 z^2)^n z / (1 3 5 ... (2n+1)) (positive terms, no
     cancellation), from 1 on by the continued fraction exp(-z^2)/sqrt(pi) / (z + (1/2)/(z + 1/(z +
     (3/2)/(z + ...)))), which keeps its relative accuracy however small erfc(z) is."""
-    z = np.asarray(z, dtype=np.float64)
+    z = _floats(z)
     out = np.empty_like(z)
     small = z < 1.0
     zs = z[small]
@@ -105,7 +111,7 @@ def _erfc_nonneg(z):
 
 def _Phi(A):
     """The standard normal CDF, componentwise: erfc(-A / sqrt 2) / 2, accurate in both tails."""
-    z = np.asarray(A, dtype=np.float64) * 0.7071067811865476
+    z = _floats(A) * 0.7071067811865476
     tail = 0.5 * _erfc_nonneg(np.abs(z))
     return np.where(z < 0, tail, 1.0 - tail)
 
@@ -150,7 +156,7 @@ def _dtanh(A, B):
 
 def _layer_parts(A):
     """(Xhat, 1/sigma) of layer norm: Xhat = (A - rowmean(A)) / sigma, sigma = sqrt(rowvar(A) + 1e-5)."""
-    A = np.asarray(A, dtype=np.float64)
+    A = _floats(A)
     c = A - A.mean(axis=-1, keepdims=True)
     inv = 1.0 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + 1e-5)
     return c * inv, inv
@@ -182,7 +188,7 @@ def _ddlayernorm(A, U, B):
 
 def _logsoftmax(A):
     """Row-wise log(softmax(A)) = (A - max) - log(rowsum(exp(A - max))): exact for large entries."""
-    A = np.asarray(A, dtype=np.float64)
+    A = _floats(A)
     shifted = A - A.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 

@@ -34,7 +34,7 @@ from ..core.functions import as_term, function
 from ..core.printers import text
 from ..core.terms import Symbol, Term, sym
 from ..lang.statements import STATEMENTS, _args, _leftmost, _split_leading_string, _string_arg, statement
-from .numpy_eval import Evaluator, conform
+from .numpy_eval import Evaluator, conform, initial_value
 
 # what ``save "FILE.EXT" ...`` writes for an extension other than .npz: ext -> saver(program,
 # nodes, values) returning the Write effect (fdsl.learn.watch adds ".csv")
@@ -68,7 +68,8 @@ class Values(dict):
         return self.generate(symbol, ev.shape(shape, "drawing random values for %s" % name))
 
     def generate(self, symbol: Symbol, shape: tuple) -> np.ndarray:
-        """Draw the random value of ``symbol``: normal entries, weights scaled by 1/sqrt(rows)."""
+        """Draw the random value of ``symbol``: normal entries, weights scaled by 1/sqrt(rows), or a
+        weight's declared initial value (``Symbol.init``)."""
         name = symbol.printed()
         check_allocation(8 * int(np.prod(shape, dtype=object)), "random values for %s, %s floats,"
                          % (name, " x ".join(map(str, shape))))
@@ -77,9 +78,12 @@ class Values(dict):
             self[name] = array = rng.integers(0, shape[1], size=shape[0])
             self.generated.add(name)
             return array
-        array = rng.standard_normal(shape)
-        if symbol.kind == "weight":
-            array /= np.sqrt(shape[0])
+        if symbol.init is not None:  # declared: weight g : 1 x d = ones, W : d x d = normal(0.02)
+            array = initial_value(symbol, shape, rng)
+        else:
+            array = rng.standard_normal(shape)
+            if symbol.kind == "weight":
+                array /= np.sqrt(shape[0])
         self[name] = array
         self.generated.add(name)
         return array
@@ -139,7 +143,8 @@ def symbol_term(program, name: str) -> Optional[Term]:
         family = program.families[m.group(1)]
         index = tuple(int(i) for i in m.group(2).split("_")[1:])
         if len(index) == len(family.indices):
-            return sym(Symbol(m.group(1), index, family.kind, family.value, family.scalar), family.shape)
+            return sym(Symbol(m.group(1), index, family.kind, family.value, family.scalar, init=family.init),
+                       family.shape)
     return None
 
 
