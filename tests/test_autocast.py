@@ -42,8 +42,8 @@ COSINE = 0.999  # of all the gradients, side by side
 
 @pytest.fixture(scope="module")
 def bench():
-    """bench/training.py (the chargpt reference written the nanoGPT way) and the generated module of
-    examples/chargpt.fd."""
+    """bench/training.py (chargpt's reference written the nanoGPT way) and chargpt's torch module
+    (as tests/test_model_params.py's fixture)."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import training
@@ -117,16 +117,23 @@ def test_chargpt_under_autocast_agrees_with_autograd_to_bfloat16(bench):
         _flat(exact).norm())
 
 
-def test_products_run_in_bfloat16_and_the_rest_in_float32(bench):
+def _float32_step(bench, autocast):
+    """(the model, its data, the aten calls of one forward and backward) of chargpt in float32,
+    under CPU bfloat16 autocast or not."""
     training, m = bench
     ours, _ = training.pair(m, torch.float32)
     x, y = next(training.batches(training.corpus(), 2, 1, seed=3))
     X, Y = training.one_hot(x, torch.float32), training.one_hot(y, torch.float32)
     ops = _Ops()
     with ops:
-        with torch.autocast("cpu", dtype=BF16):
+        with torch.autocast("cpu", dtype=BF16, enabled=autocast):
             loss = ours.model(X=X, Y=Y)
         loss.backward()
+    return ours, (X, Y), ops
+
+
+def test_products_run_in_bfloat16_and_the_rest_in_float32(bench):
+    _, _, ops = _float32_step(bench, True)
     products = [dtypes for name, dtypes in ops.calls if name in PRODUCTS]
     assert len(products) >= 20 and all(dtypes == {BF16} for dtypes in products), products
     others = [(name, dtypes) for name, dtypes in ops.calls if name not in PRODUCTS | LAYOUT]
@@ -136,18 +143,11 @@ def test_products_run_in_bfloat16_and_the_rest_in_float32(bench):
 
 
 def test_outside_autocast_the_products_stay_in_float32(bench):
-    training, m = bench
-    ours, _ = training.pair(m, torch.float32)
-    x, y = next(training.batches(training.corpus(), 2, 1, seed=3))
-    X, Y = training.one_hot(x, torch.float32), training.one_hot(y, torch.float32)
-    ops = _Ops()
-    with ops:
-        ours.model(X=X, Y=Y).backward()
+    ours, (X, Y), ops = _float32_step(bench, False)
     assert {d for name, dtypes in ops.calls for d in dtypes} == {torch.float32}
     plain = [p.grad.clone() for p in ours.parameters()]
-    with torch.autocast("cpu", dtype=BF16, enabled=False):
-        ours.zero_grad()
-        ours.model(X=X, Y=Y).backward()
+    ours.zero_grad()
+    ours.model(X=X, Y=Y).backward()  # outside autocast altogether: the same numbers
     assert all(torch.equal(p.grad, g) for p, g in zip(ours.parameters(), plain))
 
 
