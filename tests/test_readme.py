@@ -204,3 +204,20 @@ def test_the_onehot_example_and_its_output_are_real():
 
 def test_the_initial_values_example_and_its_output_are_real():
     _shown_with_its_output("init.fd")
+
+
+def test_the_autocast_example_and_its_output_are_real(tmp_path):
+    """The mixed-precision example (issue 29, item 4) runs on the chargpt module and prints what
+    the README shows."""
+    i = next(i for i, b in enumerate(BLOCKS) if 'torch.autocast("cpu", dtype=torch.bfloat16)' in b
+             and b.startswith("import torch"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "fdsl", "codegen", str(ROOT / "examples" / "chargpt.fd"), "--form", "w",
+                        "--target", "torch", "-o", "chargpt_torch.py"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "example.py").write_text(BLOCKS[i])
+    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == BLOCKS[i + 1]

@@ -237,7 +237,9 @@ def test_products_that_share_an_operand_are_one_product():
         lowering = codegen.Lowering({"A": p["A"], "B": p["B"]}, p.dims, target)
         source = lowering.source("test")
         # outputs are gradients: summed over a batch inside the one product
-        assert "_grouped_total(X, (Q, K,), _nb)" in _body(source) and " @ " not in _body(source), _body(source)
+        lp = ", _lp" if target == "torch" else ""  # torch: the products' dtype under autocast
+        assert "_grouped_total(X, (Q, K,), _nb%s)" % lp in _body(source) and " @ " not in _body(source), \
+            _body(source)
         ns = codegen.compile_namespace(source)
         got = ns["grads"]({k: torch.tensor(v) for k, v in vals.items()} if target == "torch" else vals)
         assert np.allclose(np.asarray(got["A"]), vals["X"] @ vals["Q"]) and np.allclose(np.asarray(got["B"]),
@@ -282,7 +284,7 @@ def test_torch_folds_a_batch_on_the_left_of_a_product():
     p = fdsl.parse("dim n = 6, d = 4, k = 3\nconst X : n x d\nweight K : d x k\nA = m(K^t X^t)\n")
     torch_body = _body(codegen.Lowering({"A": p["A"]}, p.dims, "torch").source("test"))
     numpy_body = _body(codegen.Lowering({"A": p["A"]}, p.dims, "numpy").source("test"))
-    assert "= X @ K" in torch_body and "= X @ K" not in numpy_body, (torch_body, numpy_body)
+    assert "= _matmul(X, K, _lp)" in torch_body and "= X @ K" not in numpy_body, (torch_body, numpy_body)
     rng = np.random.default_rng(3)
     vals = {"X": rng.standard_normal((2, 6, 4)), "K": rng.standard_normal((4, 3))}
     got = codegen.compile_namespace(codegen.Lowering({"A": p["A"]}, p.dims, "torch").source("test"))["grads"](

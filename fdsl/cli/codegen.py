@@ -65,6 +65,8 @@ def register(sub):
     p.add_argument("--target", choices=TARGETS, default="numpy", help="the library the module computes "
                    "with (default numpy; torch: plain torch functions, an autograd Function and a Module)")
     p.add_argument("--dtype", choices=DTYPES, help="compute in this dtype whatever the inputs' (default: the "
-                   "inputs' dtype, float32 when every input is float32, else float64)")
+                   "inputs' dtype: numpy float32 when every input is float32, else float64; torch the dtype its "
+                   "tensors share, bfloat16 too, else their promotion; under torch.autocast the products in "
+                   "autocast's dtype, the rest float32)")
     add_limit_options(p)
     p.set_defaults(func=_cmd_codegen)

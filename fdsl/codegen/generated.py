@@ -233,8 +233,17 @@ def gradients_source(w: Term, dims: Optional[Mapping] = None, origin: str = "", 
     lines.append("")
     kind = "tensors (any device)" if lib == "torch" else "arrays"
     lines.append("values: %s by printed symbol name (the declared shapes; scalars as numbers). The code" % kind)
-    lines.append("computes in %s." % ("the dtype of its inputs: float32 if every input is float32, else float64"
-                                      if dtype is None else dtype + " (generated with --dtype %s)" % dtype))
+    if dtype is not None:
+        lines.append("computes in %s (generated with --dtype %s)." % (dtype, dtype))
+    elif lib == "torch":  # (torch_runtime's doc: precision)
+        lines.append("computes in the dtype its tensor inputs share (bfloat16 too), else their promotion, "
+                     "float64 where")
+        lines.append("one is not floating.")
+    else:
+        lines.append("computes in the dtype of its inputs: float32 if every input is float32, else float64.")
+    if lib == "torch":
+        lines.append("Under torch.autocast its matrix products run in autocast's dtype and the rest (softmax, layer")
+        lines.append("norm, the loss, sums over the batch, the gradients) in float32.")
     lines.append("A constant that varies per example (%s) may carry a leading batch axis, (batch, rows, cols):"
                  % ", ".join(sorted(n.data[0].printed() for n in nodes(outputs.values()) if n.op == "sym"
                                     and n.data[0].kind == "const" and n.data[0].value is None)) or "none here")

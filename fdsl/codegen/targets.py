@@ -6,10 +6,15 @@ Vocabulary
 target    the library the generated module computes with (``numpy``, ``torch``): its import, its
           runtime helpers (copied into the module), and the few spellings in which the two differ
           (sums along an axis, constant arrays, copies, the operator templates).
-dtype     generated code computes in the dtype of its inputs: float32 when every array input is
-          float32, float64 otherwise; a module generated with ``--dtype`` casts its inputs to that
-          one. Constants (ones, identities, zeros) are built in that dtype (and, for torch, on the
-          inputs' device), once per dtype and device.
+dtype     generated code computes in the dtype of its inputs: numpy in float32 when every array
+          input is float32, float64 otherwise; torch in the floating dtype its tensor inputs share
+          (bfloat16 and float16 too), else their promotion (``torch_runtime``'s doc); a module
+          generated with ``--dtype`` casts its inputs to that one. Constants (ones, identities,
+          zeros) are built in that dtype (and, for torch, on the inputs' device), once per dtype
+          and device.
+autocast  torch under ``torch.autocast``: the products (``_matmul``, ``_bmm``, ``_addmm``, the
+          grouped ones) take ``_lp``, the autocast dtype, and run in it; everything else stays in
+          float32 (``torch_runtime``'s doc).
 batch     a constant that varies per example (a ``const`` without a built-in value: ``X0``, ``Y``)
           may carry a leading batch axis, ``(batch, rows, cols)``. Weights and scalars may not.
           The generated code is the same: products are batched matmuls, transposes swap the last
@@ -48,6 +53,7 @@ class Target:
     pieces = True  # a large batch is cut into pieces (see the module doc)
     folds_batches = False  # (b, n, d) @ (d, k) is one matrix product (torch), not b of them (numpy)
     fused_layernorm = False  # layernorm keeps its row statistics for a fused backward (torch)
+    autocast = False  # products run in torch.autocast's dtype where it is on (torch_runtime's doc)
     origin = "fdsl.numbers.numpy_runtime"  # where the runtime helpers come from, for the reader
 
     def dtype_code(self, dtype) -> str:
@@ -81,6 +87,7 @@ class TorchTarget(Target):
     pieces = False
     folds_batches = True
     fused_layernorm = True
+    autocast = True
     origin = "fdsl.codegen.torch_runtime"
 
     def dtype_code(self, dtype) -> str:

@@ -12,8 +12,19 @@ any device and dtype, with an optional leading batch axis (``...`` below):
   ``(batch, 1, 1)`` tensor (so that it scales its own example); ``_trace_product(A, B)`` that of
   ``A @ B``, without the product.
 
-The generated function computes in the dtype of its inputs (float32 when every input tensor is
-float32, float64 otherwise, unless the module was generated with ``--dtype``), on their device.
+Precision (``_dtype``, ``_low_precision``): the generated function computes on the device of
+its inputs, in the *working dtype*: the module's ``--dtype`` when it was generated with one, else
+the floating dtype its tensor inputs share (float32, float64, bfloat16, float16: a bfloat16 model
+computes in bfloat16, as torch computes one), else torch's promotion of theirs (float32 and
+bfloat16 give float32; anything with float64 gives float64), and float64 where a tensor input is
+not floating. Under ``torch.autocast`` for the inputs' device the working dtype is float32 in
+place of bfloat16 or float16 (float64 stays float64: autocast leaves it alone, as torch's does),
+and the *products* (``_matmul``, ``_bmm``, ``_addmm``, ``_matmul_total``, the grouped and
+concatenated products) run in the autocast dtype: their operands cast to it, their result cast back
+to float32, as the matrix products of autograd under autocast run. Everything else (softmax,
+log-softmax, layer norm and the loss with their statistics, GELU, the sums of gradients over rows
+and the batch, residual and bias additions) stays in float32, and so do the gradients returned. The
+product helpers take that dtype as ``lp`` (None: the working dtype throughout, the code unchanged).
 """
 
 import torch
@@ -87,9 +98,14 @@ def _scalar_matrix(x, dtype, device):
     return torch.full((1, 1), x, dtype=dtype, device=device)
 
 
+_LOW = (torch.bfloat16, torch.float16)  # the dtypes of less than float32's precision
+
+
 def _dtype(values, names, forced):
-    """(dtype, device) to compute in: the forced dtype, else float32 when every tensor input is
-    float32, else float64; the device of the first tensor input (the CPU when there is none)."""
+    """(dtype, device) to compute in, the working dtype of the module doc: the forced dtype, else
+    the floating dtype the tensor inputs share, else their promotion (float64 where one is not
+    floating); under torch.autocast float32 in place of bfloat16 or float16. The device of the
+    first tensor input (the CPU when there is none)."""
     kinds, device = set(), None
     for name in names:
         x = values[name]
@@ -97,8 +113,33 @@ def _dtype(values, names, forced):
             kinds.add(x.dtype)
             if device is None:
                 device = x.device
-    dtype = forced if forced is not None else (torch.float32 if kinds == {torch.float32} else torch.float64)
-    return dtype, device if device is not None else torch.device("cpu")
+    device = device if device is not None else torch.device("cpu")
+    if forced is not None:
+        return forced, device
+    if not kinds or not all(k.is_floating_point for k in kinds):
+        return torch.float64, device
+    dtype = kinds.pop()
+    for kind in kinds:
+        dtype = torch.promote_types(dtype, kind)
+    if dtype in _LOW and torch.is_autocast_enabled(device.type):
+        dtype = torch.float32  # autocast: float32 master values, the products in its dtype
+    return dtype, device
+
+
+def _low_precision(dtype, device):
+    """The dtype the products run in when it is not the working dtype: torch.autocast's for the
+    device's type where it is enabled and the working dtype is float32; None otherwise."""
+    if dtype != torch.float32 or not torch.is_autocast_enabled(device.type):
+        return None
+    low = torch.get_autocast_dtype(device.type)
+    return low if low != torch.float32 else None
+
+
+def _matmul(A, B, lp=None):
+    """A @ B; with ``lp``, in that dtype (the operands cast to it) and the result back in float32."""
+    if lp is None:
+        return A @ B
+    return (A.to(lp) @ B.to(lp)).float()
 
 
 def _input(values, name, shape, batched, dtype, device):
@@ -154,17 +195,28 @@ def _head_axis(x):
     return x.unsqueeze(-3) if torch.is_tensor(x) else x
 
 
-def _bmm(A, B):
+def _bmm(A, B, lp=None):
     """A @ B for two batches of matrices as the one call ``torch.bmm``; otherwise ``@`` (which
-    broadcasts: a stack of heads against a head axis of 1)."""
+    broadcasts: a stack of heads against a head axis of 1). ``lp``: as ``_matmul``."""
+    if lp is not None:
+        return _bmm(A.to(lp), B.to(lp)).float()
     if A.dim() == 3 and B.dim() == 3 and A.shape[0] == B.shape[0]:
         return torch.bmm(A, B)
     return A @ B
 
 
-def _matmul_total(A, B, nb):
+def _matmul_total(A, B, nb, lp=None):
     """A @ B summed over the batch (a gradient): for two batches sum_b A_b B_b as one product, the
-    examples side by side along the inner axis; a product that no example changes counts nb times."""
+    examples side by side along the inner axis; a product that no example changes counts nb times.
+    ``lp``: the product as ``_matmul``'s, a sum over the batch outside it in float32."""
+    if lp is not None:
+        if A.dim() == 3 and B.dim() == 3:
+            return _matmul_total(A.to(lp), B.to(lp), nb).float()
+        if A.dim() == 3:
+            return _matmul(A.sum(dim=0), B, lp)
+        if B.dim() == 3:
+            return _matmul(A, B.sum(dim=0), lp)
+        return _matmul(A, B, lp) * nb if nb else _matmul(A, B, lp)
     if A.dim() == 3 and B.dim() == 3:
         return A.mT.reshape(-1, A.shape[-2]).mT @ B.reshape(-1, B.shape[-1])
     if A.dim() == 3:
@@ -183,29 +235,32 @@ def _cat(xs, dim):
     return torch.cat(xs, dim)
 
 
-def _grouped(A, Bs):
+def _grouped(A, Bs, lp=None):
     """(A @ B for B in Bs), as the one product A [B_1 ... B_k], split back into views."""
-    return torch.split(A @ _cat(Bs, -1), [B.shape[-1] for B in Bs], -1)
+    return torch.split(_matmul(A, _cat(Bs, -1), lp), [B.shape[-1] for B in Bs], -1)
 
 
-def _grouped_rows(As, B):
+def _grouped_rows(As, B, lp=None):
     """(A @ B for A in As), as the one product [A_1; ...; A_k] B, split back into views."""
-    return torch.split(_cat(As, -2) @ B, [A.shape[-2] for A in As], -2)
+    return torch.split(_matmul(_cat(As, -2), B, lp), [A.shape[-2] for A in As], -2)
 
 
-def _grouped_total(A, Bs, nb):
+def _grouped_total(A, Bs, nb, lp=None):
     """(_matmul_total(A, B, nb) for B in Bs), as one product."""
-    return torch.split(_matmul_total(A, _cat(Bs, -1), nb), [B.shape[-1] for B in Bs], -1)
+    return torch.split(_matmul_total(A, _cat(Bs, -1), nb, lp), [B.shape[-1] for B in Bs], -1)
 
 
-def _grouped_total_rows(As, B, nb):
+def _grouped_total_rows(As, B, nb, lp=None):
     """(_matmul_total(A, B, nb) for A in As), as one product."""
-    return torch.split(_matmul_total(_cat(As, -2), B, nb), [A.shape[-2] for A in As], -2)
+    return torch.split(_matmul_total(_cat(As, -2), B, nb, lp), [A.shape[-2] for A in As], -2)
 
 
-def _addmm(C, A, B):
+def _addmm(C, A, B, lp=None):
     """C + A @ B as one kernel (torch.addmm, as nn.Linear adds its bias), a batch of A folded into
-    its rows; C a matrix of the result's shape or a row. Anything else: C + A @ B."""
+    its rows; C a matrix of the result's shape or a row. Anything else: C + A @ B. ``lp``: the
+    product as ``_matmul``'s, C (a residual stream, a bias) added to it in float32."""
+    if lp is not None:
+        return _add_into(_matmul(A, B, lp), C)
     if torch.is_tensor(C) and B.dim() == 2 and A.dim() in (2, 3) and 0 < C.dim() <= A.dim() \
             and C.shape[-1] == B.shape[-1]:
         rows = A.shape[:-1]
@@ -224,10 +279,10 @@ def _add_into(P, Z):
     return P + Z
 
 
-def _grouped_heads(A, Bs, h):
+def _grouped_heads(A, Bs, h, lp=None):
     """A [B_1 ... B_kh] (the h heads of each of k kinds, kind by kind) as k stacks of heads
     (..., h, rows, cols): views of the one product, no copies."""
-    R = A @ _cat(Bs, -1)
+    R = _matmul(A, _cat(Bs, -1), lp)
     R = R.unflatten(-1, (len(Bs) // h, h, -1))
     return tuple(R.select(-3, j).transpose(-3, -2) for j in range(len(Bs) // h))
 
@@ -239,14 +294,14 @@ def _side_by_side(stacks):
     return x.reshape(*x.shape[:-2], -1)
 
 
-def _split_total(A, B, nb, count, dim):
+def _split_total(A, B, nb, count, dim, lp=None):
     """_matmul_total(A, B, nb) cut into ``count`` equal parts along ``dim`` (views)."""
-    return _matmul_total(A, B, nb).chunk(count, dim)
+    return _matmul_total(A, B, nb, lp).chunk(count, dim)
 
 
-def _sum_of_products(As, Bs):
+def _sum_of_products(As, Bs, lp=None):
     """A_1 @ B_1 + ... + A_k @ B_k as the one product [A_1 ... A_k] [B_1; ...; B_k]."""
-    return _cat(As, -1) @ _cat(Bs, -2)
+    return _matmul(_cat(As, -1), _cat(Bs, -2), lp)
 
 def _full(shape, value, nb, dtype, device):
     if torch.is_tensor(value):  # a per-example scalar: (batch, 1, 1)

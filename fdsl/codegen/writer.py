@@ -53,6 +53,8 @@ class Writer:
         self.names: set = set(_RESERVED)
         self.counter = 0
         self.device = ", _dev" if target.device else ""
+        # the products' dtype under autocast, an argument of the product helpers (torch: _lp)
+        self.lp = ", _lp" if target.autocast else ""
         self._unsqueeze: set = set()  # the values the op being written reads with a head axis
         self.coalesced: set = set()  # sums written into the array of their first term (see coalesce)
 
@@ -176,11 +178,14 @@ class Writer:
             make = op.attrs["make"]
             args = sizes[0] if make in ("eye", "causal") else "(%s)" % ", ".join(sizes)
             return ["%s = %s" % (out, tgt.constant(make, args))]
+        lp = self.lp
         if kind == "matmul":
             if op.attrs.get("total"):
-                code = "_matmul_total(%s, %s, _nb)" % (self.read(a[0]), self.read(a[1]))
+                code = "_matmul_total(%s, %s, _nb%s)" % (self.read(a[0]), self.read(a[1]), lp)
             elif op.attrs.get("bmm"):
-                code = "_bmm(%s, %s)" % (self.read(a[0]), self.read(a[1]))
+                code = "_bmm(%s, %s%s)" % (self.read(a[0]), self.read(a[1]), lp)
+            elif lp:
+                code = "_matmul(%s, %s%s)" % (self.read(a[0]), self.read(a[1]), lp)
             else:
                 code = "%s @ %s" % (self.read(a[0]), self.read(a[1]))
         elif kind == "scatter":
@@ -217,24 +222,27 @@ class Writer:
                       ("cols", True): "_grouped_total", ("rows", True): "_grouped_total_rows"}[side, bool(total)]
             first, second = (self.read(a[0]), self.reads(a[1:])) if side == "cols" else (self.reads(a[:-1]),
                                                                                        self.read(a[-1]))
-            code = "%s(%s, %s%s)" % (helper, first, second, ", _nb" if total else "")
+            code = "%s(%s, %s%s%s)" % (helper, first, second, ", _nb" if total else "", lp)
         elif kind == "sum_of_products":
             n = op.attrs["n"]
-            code = "_sum_of_products(%s, %s)" % (self.reads(a[:n]), self.reads(a[n:]))
+            code = "_sum_of_products(%s, %s%s)" % (self.reads(a[:n]), self.reads(a[n:]), lp)
         elif kind == "cat_addmm":
-            code = "_addmm(%s, %s, _cat(%s, -2))" % (self.read(a[0]), self.read(a[1]), self.reads(a[2:]))
+            code = "_addmm(%s, %s, _cat(%s, -2)%s)" % (self.read(a[0]), self.read(a[1]), self.reads(a[2:]), lp)
         elif kind == "cat_matmul":
-            code = "%s @ _cat(%s, -2)" % (self.read(a[0]), self.reads(a[1:]))
+            if lp:
+                code = "_matmul(%s, _cat(%s, -2)%s)" % (self.read(a[0]), self.reads(a[1:]), lp)
+            else:
+                code = "%s @ _cat(%s, -2)" % (self.read(a[0]), self.reads(a[1:]))
         elif kind == "split_total":
-            code = "_split_total(%s, %s, _nb, %d, %d)" % (self.read(a[0]), self.read(a[1]), op.attrs["n"],
-                                                          op.attrs["axis"])
+            code = "_split_total(%s, %s, _nb, %d, %d%s)" % (self.read(a[0]), self.read(a[1]), op.attrs["n"],
+                                                            op.attrs["axis"], lp)
         elif kind == "stack":
             code = "torch.stack(%s, -3)" % self.reads(a)
         elif kind == "unbind":
             code = "%s.unbind(-3)" % self.read(a[0])
         elif kind == "grouped_heads":
-            code = "_grouped_heads(%s, %s, %d)%s" % (self.read(a[0]), self.reads(a[1:]), op.attrs["h"],
-                                                     "" if len(op.outs) > 1 else "[0]")
+            code = "_grouped_heads(%s, %s, %d%s)%s" % (self.read(a[0]), self.reads(a[1:]), op.attrs["h"], lp,
+                                                       "" if len(op.outs) > 1 else "[0]")
         elif kind == "side_by_side":
             code = "_side_by_side(%s)" % self.reads(a)
         elif kind == "mask":
@@ -248,6 +256,8 @@ class Writer:
             if helper is None:
                 raise FdslError("internal: the %s writer cannot spell an op of kind %r" % (tgt.name, kind))
             code = helper % tuple(self.read(r) for r in a)
+            if kind == "addmm" and lp:  # a product: in the autocast dtype
+                code = code[:-1] + lp + ")"
         lines = ["%s = %s" % (outs, code)]
         scale = op.attrs.get("out_scale")
         if scale:  # scaled after the product, in place: the product's array is its own ...
@@ -370,6 +380,8 @@ class ModuleWriter:
         dev = w.device
         ids = [op for op in inputs if op.kind == "ids_input"]
         lines = ["%s = _dtype(values, %s, DTYPE)" % ("_dt, _dev" if dev else "_dt", "FLOATS" if ids else "INPUTS")]
+        if w.lp:  # the products' dtype: torch.autocast's where it is on (the runtime's module doc)
+            lines.append("_lp = _low_precision(_dt, _dev)")
         lines += [line for op in inputs for line in w.lines(op)]
         # ids carry a batch as their first of two axes: read with a last axis of 1, as a matrix's
         examples = [op.out.name + ("[..., None]" if op.kind == "ids_input" else "")
