@@ -426,8 +426,9 @@ def run(args) -> int:
         generator.set_state(state["rng"])
         print("resuming from step %d of %s" % (first, ckpt))
     params = sum(p.numel() for p in model.parameters())
-    print("%s: %d parameters, context %d, vocabulary %d (%d characters used); %s: %d characters; ready in %.1f s"
-          % (args.program, params, n, v, len(chars), args.data, len(text), time.time() - t0), flush=True)
+    print("%s: %d parameters, context %d, vocabulary %d (%d characters used); %s: %d characters"
+          % (args.program, params, n, v, len(chars), args.data, len(text)), flush=True)
+    print("ready in %.1f s" % (time.time() - t0), file=sys.stderr)
 
     def evaluate_and_save(it):
         nonlocal best
