@@ -39,7 +39,8 @@ AdamW) in ``--rounds`` interleaved rounds of ``--inner`` steps, as the median of
 ratios fdsl / autograd with their least and greatest; and the peak memory of a step, each side
 measured in a fresh process of its own (``--memory-of``): on the CPU the process's peak resident
 set (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) after building the model and its optimiser and
-running 3 steps, and its rise over the resident set just before the first step (the step's own:
+running 3 steps (the mark reset just before them through ``/proc/self/clear_refs``: a child
+inherits its parent's), and its rise over the resident set just before the first step (the step's own:
 activations, gradients, AdamW's state); on a GPU ``torch.cuda.max_memory_allocated``.
 ``--device cuda`` runs it on a GPU (at context 1024 for gpt2 unless ``--context`` says); without
 one it says so and records "no GPU here". Each size is written into BENCHMARKS.md between markers
@@ -476,13 +477,17 @@ def memory_of(args) -> int:
         base = torch.cuda.memory_allocated()
     else:
         base = _resident()
+        # ru_maxrss keeps the high-water mark of the parent across fork and exec (the benchmark's own
+        # process, holding both models, is larger): Linux resets it on writing 5 to clear_refs
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
     for _ in range(3):
         step(x, y)
     if args.device == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes, since the reset
     print("%.1f %.1f" % (peak / 2**20, (peak - base) / 2**20))
     return 0
 

@@ -334,12 +334,19 @@ class Bar:
 # ---- the run ---------------------------------------------------------------------------------------
 
 
+def _shown(path: str) -> str:
+    """A path as printed: relative to the working folder when it is below it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--program", default=str(ROOT / "examples" / "nanogpt.fd"), help="the .fd program")
     ap.add_argument("--form", default="w", help="its form w = -d(L)")
-    ap.add_argument("--data", default=str(ROOT / "README.md"), help="the text to train on")
+    ap.add_argument("--data", default=str(ROOT / "examples" / "shakespeare.txt"),
+                    help="the text to train on (at most v distinct characters)")
     ap.add_argument("--out", default="out-nanogpt", help="the folder of the checkpoint and the generated modules")
     ap.add_argument("--resume", action="store_true", help="go on from OUT/ckpt.pt")
     ap.add_argument("--steps", type=int, default=5000, help="train up to this step (nanoGPT's max_iters)")
@@ -427,7 +434,7 @@ def run(args) -> int:
         print("resuming from step %d of %s" % (first, ckpt))
     params = sum(p.numel() for p in model.parameters())
     print("%s: %d parameters, context %d, vocabulary %d (%d characters used); %s: %d characters"
-          % (args.program, params, n, v, len(chars), args.data, len(text)), flush=True)
+          % (_shown(args.program), params, n, v, len(chars), _shown(args.data), len(text)), flush=True)
     print("ready in %.1f s" % (time.time() - t0), file=sys.stderr)
 
     def evaluate_and_save(it):
