@@ -147,3 +147,27 @@ def reference_of(model, flash: bool = True, reduction: str = "mean", dtype=None)
         for name, p in model.named_weights():
             target[name].copy_(p.reshape(target[name].shape))
     return ref
+
+
+def main(argv=None) -> int:
+    """Print the parameters of nanoGPT's model at a configuration (default: shakespeare_char's)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="nanoGPT's model as its model.py writes it (the reference of "
+                                 "bench/training.py and tests/test_train_nanogpt.py): its parameters by name")
+    ap.add_argument("--blocks", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--head", type=int, default=64, help="head width")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=65)
+    args = ap.parse_args(argv)
+    width = args.heads * args.head
+    ref = GPT(Config(args.blocks, args.heads, width, args.head, args.context, args.vocab, 4 * width))
+    for name, p in ref.named_parameters():
+        print("%-28s %s" % (name, tuple(p.shape)))
+    print("%d parameters" % sum(p.numel() for p in ref.parameters()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -113,9 +113,11 @@ def test_a_smoke_run_trains_saves_resumes_and_samples(tmp_path):
 
 
 def test_a_text_with_more_characters_than_v_is_refused(tmp_path):
-    r = run("--program", str(TINY), "--data", str(ROOT / "README.md"), "--out", str(tmp_path), "--steps", "1")
+    text = tmp_path / "wide.txt"
+    text.write_text("".join(chr(48 + i) for i in range(70)) * 20, encoding="utf-8")
+    r = run("--program", str(TINY), "--data", str(text), "--out", str(tmp_path), "--steps", "1")
     assert r.returncode == 2
-    assert "96 distinct characters, more than the program's vocabulary v = 65" in r.stderr
+    assert "70 distinct characters, more than the program's vocabulary v = 65" in r.stderr
     assert "Traceback" not in r.stderr
 
 
