@@ -39,8 +39,8 @@ Model's parameters and one window of n ids, and gives the n x v logits of it. Ch
 one at a time as nanoGPT's sample.py draws them (temperature 0.8, top-k 200): the window is the
 last n characters, or the characters so far padded on the right when fewer (the attention is
 causal, so row t of the logits sees positions up to t alone, as nanoGPT's shorter input), and the
-next character comes from row t. One forward of one window a character: about 50 ms at
-shakespeare_char's size on one CPU thread.
+next character comes from row t. One forward of one window (batch 1) a character, with no
+gradient: the sweep's forward alone.
 """
 
 from __future__ import annotations
