@@ -23,6 +23,28 @@ best of ``--rounds`` rounds of ``--inner`` steps, at batch 8 and 64, on one thre
 under ``torch.compile`` with ``--compile``), as the ratio fdsl / autograd; (4) the aten calls
 and matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``matmul``) of one float32 step of
 each at batch 64, counted with a ``TorchDispatchMode``.
+
+At the sizes people train (issue 29): ``--size shakespeare_char`` is examples/nanogpt.fd (nanoGPT's
+shakespeare_char: 6 blocks of 6 heads of 64, width 384, context 256, vocabulary 65, biases, tied
+embedding) and ``--size gpt2`` GPT-2 small's shape (examples/gpt2.fd: 12 x 12 heads of 64, width
+768, vocabulary 50257), rewritten here to take its tokens as ids (``const X, Y : n x v onehot``)
+at context 128 (``--context``; 1024 on a GPU). The reference is nanoGPT's model as its model.py
+writes it (bench/nanogpt_ref.py: ``F.scaled_dot_product_attention(is_causal=True)``, fused
+``c_attn``, ``F.cross_entropy``), fdsl's weights copied in by name. Both sides take ids and the
+mean loss, and train with the same AdamW (decay 0.1 on the parameters of two or more dimensions,
+betas (0.9, 0.99), lr 1e-3). It reports the float32 losses of ``--steps`` steps from the same
+weights on the same batches (the largest relative difference), then at batch 1 and 4, eager (and
+under ``torch.compile`` with ``--compile``): the time of a step (zero_grad, forward, backward,
+AdamW) in ``--rounds`` interleaved rounds of ``--inner`` steps, as the median of the per-round
+ratios fdsl / autograd with their least and greatest; and the peak memory of a step, each side
+measured in a fresh process of its own (``--memory-of``): on the CPU the process's peak resident
+set (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) after building the model and its optimiser and
+running 3 steps (the mark reset just before them through ``/proc/self/clear_refs``: a child
+inherits its parent's), and its rise over the resident set just before the first step (the step's own:
+activations, gradients, AdamW's state); on a GPU ``torch.cuda.max_memory_allocated``.
+``--device cuda`` runs it on a GPU (at context 1024 for gpt2 unless ``--context`` says); without
+one it says so and records "no GPU here". Each size is written into BENCHMARKS.md between markers
+of its own.
 """
 
 from __future__ import annotations
@@ -36,6 +58,7 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import importlib.util  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -295,15 +318,298 @@ def timing(module, ids, batch, rounds, inner, compiled, foreach=None, fused=None
     return best_times(steps, x, y, rounds, inner), {k: counts(steps[k], x, y) for k in ("fdsl", "autograd")}
 
 
+# ---- issue 29: the sizes people train ---------------------------------------------------------
+
+def _ref():
+    """bench/nanogpt_ref.py, nanoGPT's model (imported by path: bench is not a package)."""
+    if "nanogpt_ref" not in sys.modules:
+        import_module(ROOT / "bench" / "nanogpt_ref.py")
+    return sys.modules["nanogpt_ref"]
+
+
+LARGE = {  # size: (program, what it is)
+    "shakespeare_char": ("examples/nanogpt.fd", "nanoGPT's shakespeare_char"),
+    "gpt2": ("examples/gpt2.fd", "GPT-2 small's shape"),
+}
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert old in text, "bench/training.py: %r is no longer in the program: update the rewrite" % old
+    return text.replace(old, new)
+
+
+def large_source(size: str, context) -> str:
+    """The program of ``size``: examples/gpt2.fd with ids for its tokens (``onehot``); either with
+    the context ``context`` (None: the file's, 128 for gpt2) by rewriting the dims line."""
+    text = (ROOT / LARGE[size][0]).read_text()
+    if size == "gpt2":
+        text = _replace(text, "const X : n x v, Y : n x v                  # one-hot tokens and their next tokens",
+                        "const X, Y : n x v onehot                   # token ids and the ids after them")
+        context = context or 128
+    if context:
+        old = re.search(r"^dim n = (\d+)", text, re.M)
+        assert old, "bench/training.py: the program's dims line is not 'dim n = ...'"
+        text = text[:old.start(1)] + str(int(context)) + text[old.end(1):]
+    return text
+
+
+def large_module(size: str, context, folder: Path):
+    """(the generated torch module of ``size``, its path, seconds to generate it)."""
+    from fdsl.calculus.gradients import loss_of
+    from fdsl.codegen.generated import gradients_source
+    from fdsl.lang.program import Program
+
+    t0 = time.process_time()
+    program = Program(LARGE[size][0])
+    program.feed(large_source(size, context), LARGE[size][0])
+    w = program["w"]
+    source = gradients_source(program.normal_form(w), program.dims, "form w of %s" % LARGE[size][0], "torch",
+                              loss=loss_of(w))
+    seconds = time.process_time() - t0
+    path = folder / ("%s_torch.py" % size)
+    path.write_text(source)
+    return import_module(path), path, seconds
+
+
+def import_module(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.compile looks its globals up by the module's name
+    spec.loader.exec_module(module)
+    return module
+
+
+class FdslMean(nn.Module):
+    """fdsl's Model called as nanoGPT's model is: ids in, the mean loss out (the summed loss over
+    the tokens)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, y):
+        return self.model(X=x, Y=y) / x.numel()
+
+
+def large_pair(module, dtype, device, seed=0):
+    """(fdsl's Model as FdslMean, the nanoGPT reference) with the same weights, each with its AdamW."""
+    nanogpt_ref = _ref()
+    model = _initialised(module, dtype, device, seed)
+    ref = nanogpt_ref.reference_of(model)
+    return FdslMean(model), ref, nanogpt_ref.configure_optimizer(model), nanogpt_ref.configure_optimizer(ref)
+
+
+def large_side(module, dtype, device, side, seed=0):
+    """One side of ``large_pair`` alone, with its AdamW (the memory measurement holds nothing else)."""
+    nanogpt_ref = _ref()
+    model = _initialised(module, dtype, device, seed)
+    if side == "fdsl":
+        return FdslMean(model), nanogpt_ref.configure_optimizer(model)
+    ref = nanogpt_ref.reference_of(model)
+    del model
+    return ref, nanogpt_ref.configure_optimizer(ref)
+
+
+def _initialised(module, dtype, device, seed):
+    """fdsl's Model of ``module``, its weights drawn as nanoGPT's roughly are, on ``device``."""
+    model = module.Model(dtype=dtype, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # nanoGPT's start, roughly: small weights, layer norms at gain 1, bias 0
+        for name, p in model.named_weights():
+            if name[:2] in ("g1", "g2") or name == "gf":
+                p.fill_(1.0)
+            elif p.dim() < 2:
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    return model.to(device)
+
+
+def id_batch(vocab, context, batch, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, vocab, (batch, context), generator=g).to(device),
+            torch.randint(0, vocab, (batch, context), generator=g).to(device))
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def ratio_rounds(steps: dict, x, y, rounds, inner, device):
+    """Per-round times (seconds a step) of two step functions, interleaved after 3 warm steps each."""
+    for s in steps.values():
+        for _ in range(3):
+            s(x, y)
+    times = {k: [] for k in steps}
+    for _ in range(rounds):
+        for k, s in steps.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                s(x, y)
+            _sync(device)
+            times[k].append((time.perf_counter() - t0) / inner)
+    return times
+
+
+def memory_of(args) -> int:
+    """The child of a memory measurement: one side's model, optimiser and 3 steps in this fresh
+    process; prints ``peak_mb rise_mb``."""
+    import gc
+    import resource
+
+    module = import_module(Path(args.module))
+    m, opt = large_side(module, torch.float32, args.device, args.memory_of)
+    gc.collect()
+    m_run = torch.compile(m) if args.compile else m
+    c = nanogpt_config(module)
+    x, y = id_batch(c.vocab, c.context, args.batch, args.device, 2)
+    step = step_fn(m_run, opt)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _resident()
+        # ru_maxrss keeps the high-water mark of the parent across fork and exec (the benchmark's own
+        # process, holding both models, is larger): Linux resets it on writing 5 to clear_refs
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    for _ in range(3):
+        step(x, y)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes, since the reset
+    print("%.1f %.1f" % (peak / 2**20, (peak - base) / 2**20))
+    return 0
+
+
+def _resident() -> int:
+    """The process's resident set now, in bytes (Linux's /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def nanogpt_config(module):
+    return _ref().config_of(module.SHAPES)
+
+
+def measure_memory(size, path, batch, compiled, device, side):
+    """(peak MiB, rise MiB) of ``side`` in a fresh process."""
+    import subprocess
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--size", size, "--memory-of", side, "--module", str(path),
+           "--batch", str(batch), "--device", device] + (["--compile"] if compiled else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+    if r.returncode != 0:
+        raise SystemExit("the memory measurement failed:\n" + r.stderr[-3000:])
+    peak, rise = r.stdout.split()[-2:]
+    return float(peak), float(rise)
+
+
+def large(args) -> int:
+    """The report of ``--size shakespeare_char`` or ``--size gpt2``."""
+    t0 = time.time()
+    lines = []
+
+    def say(s=""):
+        print(s, flush=True)
+        lines.append(s)
+
+    device = args.device
+    say("Run of %s UTC, torch %s, %s, %s (`python bench/training.py %s`)."
+        % (datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), torch.__version__,
+           platform.processor() or platform.machine(),
+           "one thread" if device == "cpu" else device, " ".join(args.argv)))
+    say()
+    if device == "cuda" and not torch.cuda.is_available():
+        say("`--device cuda`: no GPU here (torch.cuda.is_available() is False); nothing measured.")
+        if not args.no_write:
+            write(lines, args.size)
+        return 0
+    if device == "cuda":
+        say("GPU: %s." % torch.cuda.get_device_name())
+        say()
+    context = args.context or (1024 if device == "cuda" and args.size == "gpt2" else None)
+    folder = Path(tempfile.mkdtemp())
+    module, path, codegen = large_module(args.size, context, folder)
+    c = nanogpt_config(module)
+    params = sum(int(np.prod(shape)) for shape in module.SHAPES.values())
+    say("%s (%s%s): %d blocks of %d heads of %d, width %d, context %d, vocabulary %d, MLP width %d; %.1fM "
+        "parameters; its torch module generated in %.1f s of CPU. Tokens as ids on both sides; AdamW (decay 0.1 on "
+        "the parameters of two or more dimensions, betas (0.9, 0.99), lr 1e-3) on both."
+        % (LARGE[args.size][0], LARGE[args.size][1], ", rewritten: ids, context %d" % c.context
+           if args.size == "gpt2" else "", c.blocks, c.heads, c.head, c.width, c.context, c.vocab, c.mlp,
+           params / 1e6, codegen))
+    say()
+    ours, ref, o_ours, o_ref = large_pair(module, torch.float32, device)
+    diffs, first = [], None
+    for k in range(args.steps):
+        x, y = id_batch(c.vocab, c.context, 1, device, 100 + k)
+        la, lb = step_fn(ours, o_ours)(x, y), step_fn(ref, o_ref)(x, y)
+        la, lb = float(la.detach()), float(lb.detach())
+        first = first or (la, lb)
+        diffs.append(abs(la - lb) / abs(lb))
+    say("float32, %d AdamW steps at batch 1 from the same weights on the same batches: first loss %.6f / %.6f "
+        "(fdsl / autograd), largest relative difference of the loss at any step %.2e."
+        % (args.steps, first[0], first[1], max(diffs)))
+    del ours, ref, o_ours, o_ref
+    say()
+    say("One float32 training step (zero_grad, forward, backward, AdamW), %d interleaved rounds of %d step%s: "
+        "milliseconds a step (median round), fdsl / autograd as the median of the per-round ratios (least - "
+        "greatest); peak memory of a step, each side in a fresh process (%s), MiB: the peak, and in brackets "
+        "its rise over what was resident before the first step."
+        % (args.rounds, args.inner, "" if args.inner == 1 else "s",
+           "torch.cuda.max_memory_allocated" if device == "cuda" else "ru_maxrss"))
+    say()
+    say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd, median (least - greatest) | "
+        "peak MiB fdsl / autograd (rise) |")
+    say("|---|---|---|---|---|---|")
+    modes = [False, True] if args.compile else [False]
+    for batch in (1, 4):
+        for compiled in modes:
+            ours, ref, o_ours, o_ref = large_pair(module, torch.float32, device)
+            a, b = (torch.compile(ours), torch.compile(ref)) if compiled else (ours, ref)
+            x, y = id_batch(c.vocab, c.context, batch, device, 2)
+            t = ratio_rounds({"fdsl": step_fn(a, o_ours), "autograd": step_fn(b, o_ref)}, x, y, args.rounds,
+                             args.inner, device)
+            del ours, ref, o_ours, o_ref, a, b
+            ratios = [p / q for p, q in zip(t["fdsl"], t["autograd"])]
+            (pf, rf), (pa, ra) = (measure_memory(args.size, path, batch, compiled, device, side)
+                                  for side in ("fdsl", "autograd"))
+            say("| %d | %s | %.1f | %.1f | **%.2f** (%.2f - %.2f) | %.0f / %.0f (%.0f / %.0f) |" % (
+                batch, "torch.compile" if compiled else "eager", np.median(t["fdsl"]) * 1e3,
+                np.median(t["autograd"]) * 1e3, np.median(ratios), min(ratios), max(ratios), pf, pa, rf, ra))
+    print("%.0f s in all" % (time.time() - t0))
+    if not args.no_write:
+        write(lines, args.size)
+    return 0
+
+
 # ---- the report ------------------------------------------------------------------------------
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=500, help="Adam steps of the agreement runs (default 500)")
+    ap.add_argument("--size", choices=("chargpt", "shakespeare_char", "gpt2"), default="chargpt",
+                    help="the model: examples/chargpt.fd (issue 21), examples/nanogpt.fd, or GPT-2 small's shape "
+                    "(issue 29)")
+    ap.add_argument("--steps", type=int, default=None, help="Adam steps of the agreement runs (default 500; 10 "
+                    "for shakespeare_char and gpt2)")
     ap.add_argument("--batch", type=int, default=8, help="batch of the agreement runs (default 8)")
-    ap.add_argument("--rounds", type=int, default=30, help="timing rounds, best taken (default 30)")
-    ap.add_argument("--inner", type=int, default=3, help="steps per timing round (default 3)")
+    ap.add_argument("--rounds", type=int, default=None, help="timing rounds (default 30; 10 for shakespeare_char "
+                    "and gpt2)")
+    ap.add_argument("--inner", type=int, default=None, help="steps per timing round (default 3; 1 for "
+                    "shakespeare_char and gpt2)")
+    ap.add_argument("--context", type=int, default=None, help="shakespeare_char, gpt2: the context n (default: "
+                    "the program's; 128 for gpt2, 1024 on a GPU)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="shakespeare_char, gpt2: where to run")
+    ap.add_argument("--memory-of", choices=("fdsl", "autograd"), help=argparse.SUPPRESS)  # a measuring child
+    ap.add_argument("--module", help=argparse.SUPPRESS)  # the child's generated module
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of both models")
     ap.add_argument("--foreach", action="store_true", help="Adam(foreach=True) on both sides (the default on "
                     "CPU is one parameter at a time)")
@@ -311,6 +617,15 @@ def main(argv=None) -> int:
                     "parameter)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md as it is")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    big = args.size != "chargpt"
+    args.steps = args.steps if args.steps is not None else (10 if big else 500)
+    args.rounds = args.rounds if args.rounds is not None else (10 if big else 30)
+    args.inner = args.inner if args.inner is not None else (1 if big else 3)
+    if args.memory_of:
+        return memory_of(args)
+    if big:
+        return large(args)
 
     t0 = time.time()
     module = fdsl_module()
@@ -363,15 +678,21 @@ def main(argv=None) -> int:
     return 0
 
 
-def write(lines):
+def write(lines, size="chargpt"):
+    """The lines into BENCHMARKS.md between the markers of ``size`` (a section of its own when new)."""
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text()
-    block = MARK_BEGIN + "\n" + "\n".join(lines) + "\n" + MARK_END
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + block + rest.split(MARK_END, 1)[1]
+    begin, end = MARK_BEGIN, MARK_END
+    title = "Training a character-level GPT (issue 21)"
+    if size != "chargpt":
+        begin, end = (m.replace("bench/training.py:", "bench/training.py --size %s:" % size) for m in (begin, end))
+        title = "Training %s (issue 29)" % LARGE[size][1]
+    block = begin + "\n" + "\n".join(lines) + "\n" + end
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
-        text = text.rstrip() + "\n\n## Training a character-level GPT (issue 21)\n\n" + block + "\n"
+        text = text.rstrip() + "\n\n## %s\n\n" % title + block + "\n"
     path.write_text(text)
     print("wrote %s" % path.relative_to(ROOT))
 

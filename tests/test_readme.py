@@ -221,3 +221,16 @@ def test_the_autocast_example_and_its_output_are_real(tmp_path):
                        env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout == BLOCKS[i + 1]
+
+
+def test_the_nanogpt_training_and_its_output_are_real(tmp_path):
+    """The README's short run of examples/train_nanogpt.py prints what the README shows (the
+    command as written, its --out a temporary folder)."""
+    i = next(i for i, b in enumerate(BLOCKS) if b.startswith("python examples/train_nanogpt.py"))
+    args = BLOCKS[i].split()[2:]
+    assert args[args.index("--out") + 1] == "/tmp/nanogpt-tiny"
+    args[args.index("--out") + 1] = str(tmp_path)
+    r = subprocess.run([sys.executable, "examples/train_nanogpt.py"] + args, cwd=ROOT, capture_output=True,
+                       text=True, timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == BLOCKS[i + 1]
