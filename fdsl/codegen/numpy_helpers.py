@@ -276,10 +276,17 @@ def _pick_sum(ids, A):
 
 def _add_ids(P, ids, sign):
     """P + sign onehot(ids), written into P (an array of the sum's own; one without the batch
-    axis of the ids is copied per example first)."""
+    axis of the ids, or of the sign, a number of each example (batch, 1, 1), is copied per
+    example first)."""
     n = ids.shape[-1]
-    if ids.ndim == 2 and P.ndim == 2:
-        P = np.repeat(P[None], ids.shape[0], axis=0)
+    if np.ndim(sign) == 3:  # (batch, 1, 1): one number an example, against its (batch, n) entries
+        sign = np.reshape(sign, (-1, 1))
+        nb = sign.shape[0]
+    else:  # one number (a float, or a 1 x 1 array)
+        sign = float(np.reshape(sign, ()))
+        nb = ids.shape[0] if ids.ndim == 2 else None
+    if nb is not None and P.ndim == 2:
+        P = np.repeat(P[None], nb, axis=0)
     if P.ndim == 2:
         P[np.arange(n), ids] += sign
     elif ids.ndim == 1:

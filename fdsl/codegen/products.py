@@ -95,6 +95,8 @@ class Products:
         # the scale is an operand, however it was written: a number, a scalar of the data, a weight
         scale = ([coeff] if coeff != 1.0 else []) + [self.ref(s).var for s in scalars]
         scale = tuple(scale)
+        if len(word) == 1 and scale and self._onehot_factor(word) is not None:  # c X: c added at the ids
+            return self._onehot_sum(b, [(1, False, b)])
         if len(word) == 1:
             x = self._factor(word[0])
             if not scale:

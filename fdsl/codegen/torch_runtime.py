@@ -539,8 +539,17 @@ def _pick_sum(ids, A):
 
 def _add_ids(P, ids, sign):
     """P + sign onehot(ids), written into P (a tensor of the sum's own; one without the batch
-    axis of the ids is copied per example first)."""
+    axis of the ids, or of the sign, a number of each example (batch, 1, 1), is copied per
+    example first)."""
+    if torch.is_tensor(sign) and sign.dim() != 3:  # one number (a 1 x 1 or 0-d tensor)
+        sign = sign.reshape(())
+    if torch.is_tensor(sign) and sign.dim() == 3 and P.dim() == 2:  # one number an example
+        P = P.expand(sign.shape[0], *P.shape).clone()
     if ids.dim() == 2 and P.dim() == 2:
         P = P.expand(ids.shape[0], *P.shape).clone()
     index = ids.unsqueeze(-1).expand(*P.shape[:-1], 1)
-    return P.scatter_add_(-1, index, torch.full(index.shape, sign, dtype=P.dtype, device=P.device))
+    if torch.is_tensor(sign):  # a scalar of the data or a weight: its numbers along the ids
+        src = sign.to(P.dtype).expand(index.shape)
+    else:
+        src = torch.full(index.shape, sign, dtype=P.dtype, device=P.device)
+    return P.scatter_add_(-1, index, src)

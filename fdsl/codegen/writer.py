@@ -189,7 +189,9 @@ class Writer:
             else:
                 code = "_scatter(%s, %s, %d)" % (self.read(a[0]), self.read(a[1]), op.attrs["vocab"])
         elif kind == "add_ids":
-            code = "_add_ids(%s, %s, %r)" % (self.read(a[0]), self.read(a[1]), op.attrs["sign"])
+            # the sign, times the scalar operands after the ids (fdsl.codegen.onehot)
+            sign = " * ".join([repr(op.attrs["sign"])] + [self.scalar(s) for s in a[2:]])
+            code = "_add_ids(%s, %s, %s)" % (self.read(a[0]), self.read(a[1]), sign)
         elif kind == "sum_axis":
             axis = op.attrs["axis"]
             if op.attrs.get("total"):
