@@ -278,7 +278,7 @@ class Lowering(Products, OneHot, ModuleWriter):
             value = b.data[0].value
             return [canon(value)[0]] if isinstance(value, Term) else []
         if op == "add" and not b.scalar:
-            return [canon(self._summand(s)[2])[0] for s in b.args]
+            return [d for s in b.args for d in self._summand_deps(*self._summand(s))]  # (onehot: X c)
         if op == "aa":
             a, fa = canon(b.args[0])
             extra = [self._softmax_nodes[(a, fa)]] if (a, fa) in self._softmax_nodes else []

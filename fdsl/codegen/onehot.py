@@ -83,6 +83,19 @@ class OneHot:
             return "scatter", [ids, rhs], {"vocab": self.size(lword[0][0].shape[1])}
         return "lookup", [ids, rhs], {}
 
+    def _onehot_split(self, word, i: int, s: int, j: int) -> bool:
+        """Whether the product of ``word[i:s+1]`` and ``word[s+1:j+1]`` has a onehot constant alone
+        on a side: a lookup or a scatter, whose work is the size of its result (the chain order)."""
+        return (s == i and self._onehot_factor(word[i:i + 1]) is not None) or \
+            (s + 1 == j and self._onehot_factor(word[j:j + 1]) is not None)
+
+    def _onehot_scaled(self, b: Term, word, scale: tuple) -> Optional[_Ref]:
+        """``c X`` (a product of numbers and scalars and one onehot constant) as c added at the ids
+        into zeros, a sum of one summand (``_onehot_sum``); else None."""
+        if len(word) != 1 or not scale or self._onehot_factor(word) is None:
+            return None
+        return self._onehot_sum(b, [(1, False, b)])
+
     def _onehot_side(self, lword, rword) -> Optional[str]:
         """Which side of ``lword rword`` is a onehot constant alone, if either."""
         if self._onehot_factor(lword) is not None:
@@ -116,21 +129,37 @@ class OneHot:
         x, f = canon(t)
         return x.op == "rowsum" and not f and is_onehot(canon(x.args[0])[0]) and not canon(x.args[0])[1]
 
-    def _onehot_summand(self, sign: int, broadcast: bool, t: Term) -> Optional[tuple]:
-        """(the onehot constant, whether transposed, its scale) of a summand ``sign c s X`` (c a
-        number, s scalars: the gradient of ``trace(X^t W) A`` holds ``trace(...) X``); the scale is
-        the number first, then the scalar values. None: not such a summand."""
+    def _onehot_term(self, broadcast: bool, t: Term) -> Optional[tuple]:
+        """(the onehot constant, whether transposed, number, scalar terms) of a summand ``c s X`` (c
+        a number, s scalars: the gradient of ``trace(X^t W) A`` holds ``trace(...) X``); else None."""
         if broadcast:
             return None
         x, f = canon(t)
         if is_onehot(x):
-            return x, f, (float(sign),)
+            return x, f, 1.0, []
         if x.op != "mul":
             return None
         coeff, scalars, word = self._word(x)
         if len(word) != 1 or not is_onehot(word[0][0]):
             return None
-        return word[0][0], word[0][1] ^ f, (float(sign) * coeff,) + tuple(self.ref(s).var for s in scalars)
+        return word[0][0], word[0][1] ^ f, coeff, scalars
+
+    def _summand_deps(self, sign: int, broadcast: bool, t: Term) -> list:
+        """The bases a summand of a sum reads: a onehot summand ``c s X`` reads X and the scalars
+        s, and is not computed on its own (that would be the scaled one-hot matrix)."""
+        found = self._onehot_term(broadcast, t)
+        if found is None:
+            return [canon(t)[0]]
+        return [found[0]] + [canon(s)[0] for s in found[3]]
+
+    def _onehot_summand(self, sign: int, broadcast: bool, t: Term) -> Optional[tuple]:
+        """(the onehot constant, whether transposed, its scale) of a summand ``sign c s X``
+        (``_onehot_term``); the scale is the number first, then the scalar values."""
+        found = self._onehot_term(broadcast, t)
+        if found is None:
+            return None
+        x, f, coeff, scalars = found
+        return x, f, (float(sign) * coeff,) + tuple(self.ref(s).var for s in scalars)
 
     def _onehot_sum(self, b: Term, parts: list) -> Optional[_Ref]:
         """A sum with onehot summands (``parts``: (sign, broadcast, term)), each perhaps times

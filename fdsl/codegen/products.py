@@ -95,8 +95,9 @@ class Products:
         # the scale is an operand, however it was written: a number, a scalar of the data, a weight
         scale = ([coeff] if coeff != 1.0 else []) + [self.ref(s).var for s in scalars]
         scale = tuple(scale)
-        if len(word) == 1 and scale and self._onehot_factor(word) is not None:  # c X: c added at the ids
-            return self._onehot_sum(b, [(1, False, b)])
+        with_ids = self._onehot_scaled(b, word, scale)  # c X: c added at the ids into zeros
+        if with_ids is not None:
+            return with_ids
         if len(word) == 1:
             x = self._factor(word[0])
             if not scale:
@@ -177,8 +178,7 @@ class Products:
                 best, where = None, None
                 for s in range(i, j):
                     work = p[i] * p[s + 1] * p[j + 1]
-                    if (s == i and self._onehot_factor(word[i:i + 1]) is not None) or \
-                            (s + 1 == j and self._onehot_factor(word[j:j + 1]) is not None):
+                    if self._onehot_split(word, i, s, j):
                         work = p[i] * p[j + 1]  # a lookup or a scatter: the size of its result
                     c = cost[i][s] + cost[s + 1][j] + work
                     if best is None or c < best:
