@@ -273,6 +273,14 @@ w = -d(L)
 # two onehot summands added into zeros
 
 
+PROBABILITY = """dim n = 4, v = 6
+const X : n x v onehot
+weight U : n x v
+L = trace(X^t a(U)) + trace(X^t a(U)) trace(X^t a(U))
+w = d(L)
+"""  # the gradient of the probability of the ids holds aa(U, X)
+
+
 def _kinds(source, target="numpy"):
     p = fdsl.parse(source)
     low = lowering(p, target) if "w =" in source else Lowering({"L": p["L"]}, p.dims, target)
@@ -362,6 +370,12 @@ def check_alone():  # -3 X alone: zeros with -3 added at the ids
     _agree(ALONE)
 
 
+def check_aa_ids():  # aa(U, X): -p S with p (1 - p) at the ids, p the entries of S = a(U) at the ids
+    for target in ("numpy", "torch"):
+        assert "aa_ids" in [op.kind for op in _kinds(PROBABILITY, target).sweep]
+    _agree(PROBABILITY)
+
+
 def check_rowsum():  # rowsum(X) of ids: a column of ones
     p = fdsl.parse("dim n = 4, v = 9\nconst X : n x v onehot\nweight B : n x 1\nL = trace(B^t rowsum(X))\n")
     low = Lowering({"L": p["L"]}, p.dims)
@@ -413,6 +427,7 @@ RULES = {  # rule -> (its check, (object, attribute, replacement): the rule swit
     "transposed_sum": (check_transposed_sum, lambda: _decline("_onehot_term", lambda bc, t: canon(t)[1] or (
         canon(t)[0].op == "mul" and any(f.op == "t" for f in canon(t)[0].args)))),
     "alone": (check_alone, lambda: _decline("_onehot_scaled")),
+    "aa_ids": (check_aa_ids, lambda: _decline("_onehot_aa")),
     "rowsum": (check_rowsum, lambda: _decline("_rowsum_onehot")),
     "ones_column": (check_ones_column, lambda: _decline("_ones_column")),
     "chain_order": (check_chain_order, lambda: _decline("_onehot_split")),

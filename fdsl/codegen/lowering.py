@@ -780,5 +780,8 @@ class Lowering(Products, OneHot, ModuleWriter):
             arg = self._matrix(self.ref(b.args[0]))
             s = self._new(None, "softmax", [arg.read()], shape=b.shape)
             self.softmaxes[(a, fa)] = s
+        with_ids = self._onehot_aa(b, s)  # aa(A, X): S o (X - p 1^t), p the entries of S at the ids
+        if with_ids is not None:
+            return with_ids
         x = self._matrix(self.ref(b.args[1]))
         return self._new(b, "aa_given", [s.read(), x.read()])

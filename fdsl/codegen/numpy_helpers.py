@@ -274,6 +274,18 @@ def _pick_sum(ids, A):
     return A[np.arange(nb)[:, None], np.arange(n), ids].sum(axis=-1)[:, None, None]
 
 
+def _aa_ids(S, ids):
+    """aa(A, onehot(ids)) from S = a(A): S o (onehot(ids) - p 1^t), p the entries of S at the ids
+    (-p S, with p (1 - p) at the ids), per example for a batch."""
+    if ids.ndim == 2 and S.ndim == 2:
+        S = np.broadcast_to(S, (ids.shape[0],) + S.shape)
+    index = np.broadcast_to(ids[..., None], S.shape[:-1] + (1,))
+    p = np.take_along_axis(S, index, -1)
+    out = -p * S
+    np.put_along_axis(out, index, p * (1 - p), -1)
+    return out
+
+
 def _add_ids(P, ids, sign):
     """P + sign onehot(ids), written into P (an array of the sum's own; one without the batch
     axis of the ids, or of the sign, a number of each example (batch, 1, 1), is copied per

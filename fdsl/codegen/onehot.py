@@ -19,6 +19,8 @@ add_ids   ``P + s X`` as ``P[i, ids_i] += s``, in place in P, an array of this s
           times scalars, which may vary per example: ``trace(X^t W) X`` in a gradient): the
           adjoint of the cross-entropy, ``Y - a(Z) rowsum(Y)``, is ``-a(Z)`` with 1 added at the
           ids, where ``rowsum(Y)`` is a column of ones (one 1 a row) and multiplies nothing.
+aa_ids    ``aa(A, X)`` (the derivative of ``trace(X^t a(A))``, the probability of the ids) from
+          S = a(A) as ``S o (X - p 1^t)`` with p_i = S[i, ids_i]: -p S, with p (1 - p) at the ids.
 
 A product with a onehot factor at an end is a lookup or a scatter of the rest (``X A B`` is
 ``(A B)[ids]``; ``A X`` and ``A X^t`` are the transposes of ``X^t A^t`` and ``X A^t``), and costs the
@@ -36,7 +38,7 @@ from .ir import Op, Read, Sweep, Value
 from .products import _Ref, canon
 
 # the kinds that read ids (the only ones that may)
-IDS_KINDS = ("lookup", "scatter", "pick_sum", "add_ids")
+IDS_KINDS = ("lookup", "scatter", "pick_sum", "add_ids", "aa_ids")
 
 
 def is_onehot(t: Term) -> bool:
@@ -115,6 +117,13 @@ class OneHot:
                 partner = other if f else other.t()
                 return Read(self.refs[x].var), partner
         return None
+
+    def _onehot_aa(self, b: Term, s: _Ref) -> Optional[_Ref]:
+        """``aa(A, X)`` of a onehot X (not transposed), given S = a(A): ``aa_ids``; else None."""
+        x, f = canon(b.args[1])
+        if not is_onehot(x) or f:
+            return None
+        return self._new(b, "aa_ids", [s.read(), Read(self.refs[x].var)])
 
     def _rowsum_onehot(self, b: Term) -> Optional[_Ref]:
         """``rowsum(X)`` of a onehot X: a column of ones (one 1 a row), whatever the ids."""

@@ -537,6 +537,16 @@ def _pick_sum(ids, A):
     return float(t.detach()) if t.dim() == 0 else t[..., None, None]
 
 
+def _aa_ids(S, ids):
+    """aa(A, onehot(ids)) from S = a(A): S o (onehot(ids) - p 1^t), p the entries of S at the ids
+    (-p S, with p (1 - p) at the ids), per example for a batch."""
+    if ids.dim() == 2 and S.dim() == 2:
+        S = S.expand(ids.shape[0], *S.shape)
+    index = ids.unsqueeze(-1).expand(*S.shape[:-1], 1)
+    p = S.gather(-1, index)
+    return (-p * S).scatter_(-1, index, p * (1 - p))
+
+
 def _add_ids(P, ids, sign):
     """P + sign onehot(ids), written into P (a tensor of the sum's own; one without the batch
     axis of the ids, or of the sign, a number of each example (batch, 1, 1), is copied per

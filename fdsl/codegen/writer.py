@@ -315,6 +315,7 @@ _HELPERS = {
     "masked": "%s * %s",
     "lookup": "_lookup(%s, %s)",
     "pick_sum": "_pick_sum(%s, %s)",
+    "aa_ids": "_aa_ids(%s, %s)",
     "softmax": "_softmax(%s)",
     "aa_given": "_aa_given(%s, %s)",
     "layernorm_stats": "_layernorm_stats(%s)",
