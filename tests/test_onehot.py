@@ -281,6 +281,17 @@ w = d(L)
 """  # the gradient of the probability of the ids holds aa(U, X)
 
 
+SCALED_RIGHT = """dim n = 3, k = 4
+const Y : k x n onehot
+const T : 1 x n
+weight A : 1 x k
+F = 2 A Y
+E = T - F
+L = trace(E^t E) / 2
+w = d(L)
+"""  # 2 A Y: the result (1 x n) is smaller than A (1 x k), but the scale goes on A: (Y^t (2 A^t))^t, a scatter
+
+
 def _kinds(source, target="numpy"):
     p = fdsl.parse(source)
     low = lowering(p, target) if "w =" in source else Lowering({"L": p["L"]}, p.dims, target)
@@ -376,6 +387,12 @@ def check_aa_ids():  # aa(U, X): -p S with p (1 - p) at the ids, p the entries o
     _agree(PROBABILITY)
 
 
+def check_scaled_right():  # 2 A Y: the transpose of a scatter, the scale on A (a scatter has no out_scale)
+    for target in ("numpy", "torch"):
+        assert "scatter" in [op.kind for op in _kinds(SCALED_RIGHT, target).sweep]
+    _agree(SCALED_RIGHT)
+
+
 def check_rowsum():  # rowsum(X) of ids: a column of ones
     p = fdsl.parse("dim n = 4, v = 9\nconst X : n x v onehot\nweight B : n x 1\nL = trace(B^t rowsum(X))\n")
     low = Lowering({"L": p["L"]}, p.dims)
@@ -409,7 +426,7 @@ def _decline(name, when=lambda *a: True):
     from fdsl.codegen.onehot import OneHot
 
     rule = getattr(OneHot, name)
-    nothing = False if name in ("_ones_column", "_onehot_split") else None
+    nothing = {"_ones_column": False, "_onehot_split": False, "_onehot_unscaled": ()}.get(name)
 
     def off(self, *args):
         return nothing if when(*args) else rule(self, *args)
@@ -428,6 +445,7 @@ RULES = {  # rule -> (its check, (object, attribute, replacement): the rule swit
         canon(t)[0].op == "mul" and any(f.op == "t" for f in canon(t)[0].args)))),
     "alone": (check_alone, lambda: _decline("_onehot_scaled")),
     "aa_ids": (check_aa_ids, lambda: _decline("_onehot_aa")),
+    "scaled_right": (check_scaled_right, lambda: _decline("_onehot_unscaled")),
     "rowsum": (check_rowsum, lambda: _decline("_rowsum_onehot")),
     "ones_column": (check_ones_column, lambda: _decline("_ones_column")),
     "chain_order": (check_chain_order, lambda: _decline("_onehot_split")),

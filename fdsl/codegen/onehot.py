@@ -80,7 +80,7 @@ class OneHot:
             return None
         ids = Read(lhs.value)
         if lhs.scale:  # the scale goes on the other side (_product keeps it off the ids)
-            rhs = rhs.scaled(*lhs.scale)
+            rhs = rhs._replace(scale=tuple(lhs.scale) + tuple(rhs.scale))
         if t:
             return "scatter", [ids, rhs], {"vocab": self.size(lword[0][0].shape[1])}
         return "lookup", [ids, rhs], {}
@@ -90,6 +90,13 @@ class OneHot:
         on a side: a lookup or a scatter, whose work is the size of its result (the chain order)."""
         return (s == i and self._onehot_factor(word[i:i + 1]) is not None) or \
             (s + 1 == j and self._onehot_factor(word[j:j + 1]) is not None)
+
+    def _onehot_unscaled(self, lword, rword) -> tuple:
+        """The places of ``lword rword`` a scale may not go when a onehot constant is alone on a
+        side: that side (nothing there to scale) and the result (a lookup or a scatter has no
+        out_scale), so that the scale goes on the other side."""
+        side = self._onehot_side(lword, rword)
+        return () if side is None else (side, "out")
 
     def _onehot_scaled(self, b: Term, word, scale: tuple) -> Optional[_Ref]:
         """``c X`` (a product of numbers and scalars and one onehot constant) as c added at the ids

@@ -124,7 +124,8 @@ class Products:
         # a side that is a vector of ones is not multiplied but summed over (_matmul): a scalar put
         # on it would be lost, so it goes on the other side or the result
         sizes.pop(self._ones_side(word[:s + 1], word[s + 1:]), None)
-        sizes.pop(self._onehot_side(word[:s + 1], word[s + 1:]), None)  # ids: nothing to scale
+        for side in self._onehot_unscaled(word[:s + 1], word[s + 1:]):  # ids: the scale on the other side
+            sizes.pop(side, None)
         where = min(sizes, key=sizes.get)
         lhs, rhs = left.read(), right.read()
         if where == "left":
