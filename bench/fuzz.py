@@ -3,6 +3,7 @@
     python bench/fuzz.py --cases 10000            # check 10,000 distinct random programs
     python bench/fuzz.py --cases 500 --seed 3     # another stream of programs
     python bench/fuzz.py --cases 200 --break scalar   # a deliberately broken lowering: it is caught
+    python bench/fuzz.py --cases 200 --no-ids         # without onehot constants given as ids
 
 Each program (fdsl source text, through the real front end) is checked by fdsl.verify.differential: the
 numpy evaluation and the generated code of its shared and expanded normal forms, grad(w), torch
@@ -35,6 +36,10 @@ def breakage(kind: str) -> None:
     elif kind == "sign":  # sums add what they should subtract
         summand = codegen.Lowering._summand
         codegen.Lowering._summand = lambda self, s: (1,) + tuple(summand(self, s)[1:])
+    elif kind == "ids":  # 1 added at the ids is taken instead (the cross-entropy's derivative)
+        summand = codegen.Lowering._onehot_summand
+        codegen.Lowering._onehot_summand = lambda self, *a: None if (got := summand(self, *a)) is None else (
+            got[:2] + ((-got[2][0],) + got[2][1:],))
 
 
 def main(argv=None) -> int:
@@ -46,10 +51,13 @@ def main(argv=None) -> int:
                     "5); later ones are printed as found")
     ap.add_argument("--no-weight-traces", dest="weight_traces", action="store_false",
                     help="keep weights out of S in trace(S) A (the programs of the runs before 2026-11-25)")
-    ap.add_argument("--break", dest="broken", choices=["scalar", "sign"],
+    ap.add_argument("--no-ids", dest="ids", action="store_false",
+                    help="no onehot constants given as ids (the programs of the runs before 2027-01)")
+    ap.add_argument("--break", dest="broken", choices=["scalar", "sign", "ids"],
                     help="break the lowering on purpose: the fuzzer must catch it")
     args = ap.parse_args(argv)
     fuzz.WEIGHT_TRACES = args.weight_traces
+    fuzz.IDS = args.ids
     if args.broken:
         breakage(args.broken)
     print("fdsl fuzz: %d cases, seed %d, torch %s, python %s, %s" % (

@@ -5,6 +5,8 @@ and shrunk to a small program. ``python bench/fuzz.py --cases 10000`` runs the l
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("hypothesis")
@@ -25,16 +27,25 @@ def test_a_fixed_slice_of_random_programs_agrees_every_way():
 @pytest.fixture
 def broken(monkeypatch):
     """Break the lowering: ``broken("scalar")`` drops the constant scalars of products,
-    ``broken("sign")`` adds what sums should subtract."""
+    ``broken("sign")`` adds what sums should subtract, ``broken("ids")`` takes the 1 at the ids
+    that a sum with a onehot summand adds."""
 
     def apply(kind):
         monkeypatch.setattr(codegen, "_COMPILED", {})  # nothing compiled by the sound lowering
         if kind == "scalar":
             word = codegen.Lowering._word
             monkeypatch.setattr(codegen.Lowering, "_word", lambda self, b: (1.0,) + tuple(word(self, b)[1:]))
-        else:
+        elif kind == "sign":
             summand = codegen.Lowering._summand
             monkeypatch.setattr(codegen.Lowering, "_summand", lambda self, s: (1,) + tuple(summand(self, s)[1:]))
+        else:  # ids: 1 taken at the ids where it should be added (the cross-entropy's derivative)
+            summand = codegen.Lowering._onehot_summand
+
+            def flipped(self, *args):
+                got = summand(self, *args)
+                return None if got is None else got[:2] + ((-got[2][0],) + got[2][1:],)
+
+            monkeypatch.setattr(codegen.Lowering, "_onehot_summand", flipped)
 
     return apply
 
@@ -81,3 +92,32 @@ def test_generated_programs_are_what_a_user_writes():
 
     collect()
     assert seen == {":=", " = ", "[0]", "[i]", "^t", " * ", "J", "f(", "form(E)", "d(L)"}
+
+
+def test_a_broken_onehot_rule_is_caught_against_the_one_hot_matrices(broken):
+    broken("ids")
+    summary = fuzz.run(40, seed=3, batch=40, shrink=0)
+    assert summary.failures
+    error = str(summary.failures[0].error)
+    assert "onehot" in summary.failures[0].case.source
+    assert "code[shared] disagrees" in error and "dense[" not in error  # the one-hot matrices' path holds
+
+
+def test_the_fuzzer_generates_every_use_of_ids():
+    import hypothesis
+    from hypothesis import HealthCheck, given, settings
+
+    uses = {"onehot": " onehot", "lookup": r"Y\w+ [(\w]", "scatter": r"Y\w+\^t [(\w]", "right": r" Y\w+\^t",
+            "add": r"[+-] Y\w+", "trace": r"trace\(Y\w+\^t", "rowsum": r"rowsum\(Y",
+            "cross-entropy": r"L = -trace\(Y\w+\^t logsoftmax\(F\)\)"}
+    seen = set()
+
+    @hypothesis.seed(7)
+    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(fuzz.programs())
+    def collect(case):
+        seen.update(use for use, pattern in uses.items() if re.search(pattern, case.source))
+        fuzz.parse(case.source, "<case>", fuzz.EXAMPLES)
+
+    collect()
+    assert seen == set(uses)

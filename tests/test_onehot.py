@@ -17,6 +17,7 @@ from fdsl.calculus.gradients import gradient_terms, loss_of
 from fdsl.cli import main
 from fdsl.codegen import generated as codegen
 from fdsl.codegen.lowering import Lowering
+from fdsl.codegen.products import canon
 
 EXACT = 1e-12
 N, V, D = 5, 11, 3  # the vocabulary differs from every other size: an (n, v) array is the one-hot's shape
@@ -248,3 +249,256 @@ L = trace(A^t X) + 3 trace(B^t rowsum(X))
     x, A, B = rng.integers(0, 9, 4), rng.standard_normal((4, 9)), rng.standard_normal((4, 1))
     got = namespace["grads"]({"X": x, "A": A, "B": B})["L"]
     assert abs(float(np.asarray(got).reshape(-1)[0]) - (np.sum(A * np.eye(9)[x]) + 3 * B.sum())) <= EXACT * 10
+
+
+# ---- each rule of fdsl.codegen.onehot, and a check that fails when the rule is switched off ----------
+# A rule switched off (monkeypatched to decline) leaves its use of the ids to the ordinary ops: the
+# lowering then refuses the program (check_ids), or, for the rules that only save work, the check
+# sees the work done (a Hadamard product with ones, a (batch, v, d) scatter, the dense chain order).
+
+SCALED = """dim n = 4, v = 7, d = 3
+const X : n x v onehot
+weight U : n x v, E : v x d, A : d x v
+F = trace(X^t U) U + X E A
+L = -trace(X^t logsoftmax(F))
+w = d(L)
+"""  # the gradient of U holds trace(X^t F') X: a number of each example times X (add_ids with a scalar)
+
+ALONE = """dim n = 3, v = 5
+const X : n x v onehot
+weight U, W : n x v, B : n x 1
+L = 2 trace(U^t X) + trace(X^t U) trace(B^t B) + 3 trace(W^t X)
+w = -d(L)
+"""  # the gradient of W is -3 X: c X alone is zeros with c added at the ids; U's, -2 X - trace(B^t B) X:
+# two onehot summands added into zeros
+
+
+PROBABILITY = """dim n = 4, v = 6
+const X : n x v onehot
+weight U : n x v
+L = trace(X^t a(U)) + trace(X^t a(U)) trace(X^t a(U))
+w = d(L)
+"""  # the gradient of the probability of the ids holds aa(U, X)
+
+
+SCALED_RIGHT = """dim n = 3, k = 4
+const Y : k x n onehot
+const T : 1 x n
+weight A : 1 x k
+F = 2 A Y
+E = T - F
+L = trace(E^t E) / 2
+w = d(L)
+"""  # 2 A Y: the result (1 x n) is smaller than A (1 x k), but the scale goes on A: (Y^t (2 A^t))^t, a scatter
+
+
+def _kinds(source, target="numpy"):
+    p = fdsl.parse(source)
+    low = lowering(p, target) if "w =" in source else Lowering({"L": p["L"]}, p.dims, target)
+    if "w =" not in source:
+        low.lower()
+    return low
+
+
+def _agree(source):
+    """Every way fdsl computes the gradients of ``source`` (ids; numpy, torch, a batch) agrees with
+    the same program on the one-hot matrices, torch autograd and finite differences."""
+    from fdsl.verify import differential
+
+    report = differential.check(source, sign=1 if "w = d(L)" in source else -1, seed=3)
+    assert report.ok, report.describe()
+    assert "dense[shared]" in report.gradients and "code[shared]" in report.gradients
+    return report
+
+
+def check_lookup():  # X E: the rows of E at the ids
+    for target in ("numpy", "torch"):
+        low = lowering(lm(True), target)
+        assert [op.args[1].value.hint for op in low.sweep if op.kind == "lookup"] == ["E"]
+
+
+def check_scatter():  # X^t G: the gradient of E, G's rows added at the ids
+    for target in ("numpy", "torch"):
+        low = lowering(lm(True), target)
+        assert len([op for op in low.sweep if op.kind == "scatter"]) == 1
+
+
+def check_summed_scatter():  # the gradient of E summed over the batch in its scatter: no (batch, v, d) array
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    for target in ("numpy", "torch"):
+        assert [op.attrs.get("total") for op in lowering(lm(True), target).sweep if op.kind == "scatter"] == [True]
+    shapes = set()
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    shapes.add(tuple(t.shape))
+            return out
+
+    ns = codegen.compile_namespace(source(lm(True), "torch"))
+    ids, weights = draw(batch=6)
+    with Shapes():
+        ns["grads"]({k: torch.as_tensor(v) for k, v in {**ids, **weights}.items()})
+    assert (V, D) in shapes and (6, V, D) not in shapes
+
+
+def check_pick_sum():  # trace(Y^t logsoftmax(Z)): a gather of the log-probabilities
+    for target in ("numpy", "torch"):
+        assert [op.kind for op in lowering(lm(True), target).sweep].count("pick_sum") == 1
+
+
+def check_add_ids():  # Y - a(Z) rowsum(Y): -a(Z) with 1 added at the ids
+    for target in ("numpy", "torch"):
+        adds = [op for op in lowering(lm(True), target).sweep if op.kind == "add_ids"]
+        assert [(op.attrs["sign"], len(op.args)) for op in adds] == [(1.0, 2)]
+
+
+def check_scaled_add_ids():  # c s X in a gradient: the number and the scalars added at the ids
+    for target in ("numpy", "torch"):
+        adds = [op for op in _kinds(SCALED, target).sweep if op.kind == "add_ids"]
+        assert any(len(op.args) == 3 and op.args[2].scalar for op in adds)
+    report = _agree(SCALED)
+    assert "torch-batch[shared]" in report.batch_closeness or not torch_available()
+
+
+def check_transposed_sum():  # G^t = -2 X^t - c X^t: computed as its transpose (X's rows), read transposed
+    for target in ("numpy", "torch"):
+        low = _kinds(ALONE, target)
+        refs = [low.refs[canon(term)[0]] for term in low.outputs.values()]  # G_U, G_W (B's: a scale)
+        flipped = [ref for ref in refs if ref.flip and low.sweep.maker[ref.var].kind == "add_ids"]
+        assert len(flipped) == 2
+    _agree(ALONE)
+
+
+def check_alone():  # -3 X alone: zeros with -3 added at the ids
+    low = _kinds(ALONE)
+    signs = [op.attrs["sign"] for op in low.sweep if op.kind == "add_ids"]
+    assert sorted(signs) == [-3.0, -2.0, -1.0], signs
+    _agree(ALONE)
+
+
+def check_aa_ids():  # aa(U, X): -p S with p (1 - p) at the ids, p the entries of S = a(U) at the ids
+    for target in ("numpy", "torch"):
+        assert "aa_ids" in [op.kind for op in _kinds(PROBABILITY, target).sweep]
+    _agree(PROBABILITY)
+
+
+def check_scaled_right():  # 2 A Y: the transpose of a scatter, the scale on A (a scatter has no out_scale)
+    for target in ("numpy", "torch"):
+        assert "scatter" in [op.kind for op in _kinds(SCALED_RIGHT, target).sweep]
+    _agree(SCALED_RIGHT)
+
+
+def check_rowsum():  # rowsum(X) of ids: a column of ones
+    p = fdsl.parse("dim n = 4, v = 9\nconst X : n x v onehot\nweight B : n x 1\nL = trace(B^t rowsum(X))\n")
+    low = Lowering({"L": p["L"]}, p.dims)
+    low.lower()
+    assert [op.attrs["make"] for op in low.module_consts] == ["ones"]
+
+
+def check_ones_column():  # a(Z) rowsum(Y) 1^t: the column of ones multiplies nothing (no Hadamard product)
+    for target in ("numpy", "torch"):
+        assert not [op for op in lowering(lm(True), target).sweep if op.kind == "template" and op.attrs["op"] == "had"]
+
+
+def check_chain_order():
+    test_the_chain_order_counts_a_lookup_at_the_size_of_its_result()
+
+
+def check_ids_on_the_right():  # A X^t = (X A^t)^t
+    test_a_product_with_ids_on_the_right_is_the_transpose_of_a_lookup()
+
+
+def torch_available():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _decline(name, when=lambda *a: True):
+    """OneHot's method ``name`` switched off: None (False) where ``when`` holds of its arguments."""
+    from fdsl.codegen.onehot import OneHot
+
+    rule = getattr(OneHot, name)
+    nothing = {"_ones_column": False, "_onehot_split": False, "_onehot_unscaled": ()}.get(name)
+
+    def off(self, *args):
+        return nothing if when(*args) else rule(self, *args)
+
+    return OneHot, name, off
+
+
+RULES = {  # rule -> (its check, (object, attribute, replacement): the rule switched off)
+    "lookup": (check_lookup, lambda: _decline("_onehot_product", lambda lhs, rhs, lw, rw: not lw[0][1])),
+    "scatter": (check_scatter, lambda: _decline("_onehot_product", lambda lhs, rhs, lw, rw: lw[0][1])),
+    "summed_scatter": (check_summed_scatter, lambda: (codegen_lowering(), "summed_scatter", lambda s, v: False)),
+    "pick_sum": (check_pick_sum, lambda: _decline("_onehot_trace")),
+    "add_ids": (check_add_ids, lambda: _decline("_onehot_sum")),
+    "scaled_add_ids": (check_scaled_add_ids, lambda: _decline("_onehot_term", lambda bc, t: canon(t)[0].op == "mul")),
+    "transposed_sum": (check_transposed_sum, lambda: _decline("_onehot_term", lambda bc, t: canon(t)[1] or (
+        canon(t)[0].op == "mul" and any(f.op == "t" for f in canon(t)[0].args)))),
+    "alone": (check_alone, lambda: _decline("_onehot_scaled")),
+    "aa_ids": (check_aa_ids, lambda: _decline("_onehot_aa")),
+    "scaled_right": (check_scaled_right, lambda: _decline("_onehot_unscaled")),
+    "rowsum": (check_rowsum, lambda: _decline("_rowsum_onehot")),
+    "ones_column": (check_ones_column, lambda: _decline("_ones_column")),
+    "chain_order": (check_chain_order, lambda: _decline("_onehot_split")),
+    "ids_on_the_right": (check_ids_on_the_right, lambda: _decline("_onehot_side", lambda lw, rw: True)),
+}
+
+
+def codegen_lowering():
+    import fdsl.codegen.lowering as module
+
+    return module
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_each_rule_has_a_check_that_holds(rule, monkeypatch):
+    monkeypatch.setattr(codegen, "_COMPILED", {})
+    RULES[rule][0]()
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_each_check_fails_when_its_rule_is_switched_off(rule, monkeypatch):
+    check, off = RULES[rule]
+    if rule == "summed_scatter":
+        pytest.importorskip("torch")
+    monkeypatch.setattr(codegen, "_COMPILED", {})  # nothing compiled with the rule on
+    monkeypatch.setattr(*off())
+    with pytest.raises((AssertionError, FdslError)):
+        check()
+
+
+def test_a_finite_difference_of_a_program_with_ids_equals_that_with_the_one_hot_matrices():
+    # the tangent evaluation (d(L) on numbers) hands its sub-evaluators the values it read: the ids
+    # of a onehot constant, not the one-hot rows it computes with (refused as a matrix given for ids)
+    from fdsl.numbers.numpy_eval import Evaluator
+
+    ids, weights = draw(seed=4)
+    tangent = {"E": np.random.default_rng(5).standard_normal((V, D))}
+    def fd(onehot, values):
+        p = lm(onehot)
+        return Evaluator(values, p.dims, tangent=tangent, step=1e-3).value(fdsl.core.terms.d(p["L"]))[0, 0]
+
+    got = fd(True, {**ids, **weights})
+    want = fd(False, {**{k: one_hot(v) for k, v in ids.items()}, **weights})
+    assert abs(got - want) <= EXACT * max(1.0, abs(want))
+
+
+@pytest.mark.parametrize("program", [SCALED, ALONE], ids=["scaled", "alone"])
+def test_a_scaled_one_hot_matrix_in_a_gradient_is_added_at_the_ids_and_nothing_else_is_made(program):
+    # c s X in a gradient (s a number of each example): no (n, v) array is computed for it on its
+    # own (the sum's statement reads X and s, not c s X)
+    for target in ("numpy", "torch"):
+        low = _kinds(program, target)
+        adds = [op for op in low.sweep if op.kind == "add_ids"]
+        assert adds and all(low.sweep.readers.get(op.outs[0]) or op.outs[0] in
+                            {low.refs[canon(t)[0]].var for t in low.outputs.values()} for op in adds)
+    _agree(program)

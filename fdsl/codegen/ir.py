@@ -124,7 +124,9 @@ KINDS = {
     "lookup": Kind("onehot(ids) @ A as the rows of A at the ids (an embedding lookup)"),
     "scatter": Kind("onehot(ids)^t @ G as G's rows added at the ids into zeros (attrs vocab; total)"),
     "pick_sum": Kind("trace(onehot(ids)^t A) as the sum of A's entries at the ids"),
-    "add_ids": Kind("P + sign onehot(ids), written into P, which dies there (attrs sign)", inplace=0),
+    "aa_ids": Kind("aa(A, onehot(ids)) from S = a(A): S o (onehot(ids) - p 1^t), p the entries of S at the ids"),
+    "add_ids": Kind("P + sign s onehot(ids), written into P, which dies there (attrs sign; the scalars s are "
+                    "the operands after the ids)", inplace=0),
     "split_total": Kind("the products of a side-by-side matrix summed over the batch, split (attrs n, axis)",
                         multi=True),
     # sums and scaling

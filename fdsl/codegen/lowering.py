@@ -278,7 +278,7 @@ class Lowering(Products, OneHot, ModuleWriter):
             value = b.data[0].value
             return [canon(value)[0]] if isinstance(value, Term) else []
         if op == "add" and not b.scalar:
-            return [canon(self._summand(s)[2])[0] for s in b.args]
+            return [d for s in b.args for d in self._summand_deps(*self._summand(s))]  # (onehot: X c)
         if op == "aa":
             a, fa = canon(b.args[0])
             extra = [self._softmax_nodes[(a, fa)]] if (a, fa) in self._softmax_nodes else []
@@ -780,5 +780,8 @@ class Lowering(Products, OneHot, ModuleWriter):
             arg = self._matrix(self.ref(b.args[0]))
             s = self._new(None, "softmax", [arg.read()], shape=b.shape)
             self.softmaxes[(a, fa)] = s
+        with_ids = self._onehot_aa(b, s)  # aa(A, X): S o (X - p 1^t), p the entries of S at the ids
+        if with_ids is not None:
+            return with_ids
         x = self._matrix(self.ref(b.args[1]))
         return self._new(b, "aa_given", [s.read(), x.read()])

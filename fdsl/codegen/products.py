@@ -95,6 +95,9 @@ class Products:
         # the scale is an operand, however it was written: a number, a scalar of the data, a weight
         scale = ([coeff] if coeff != 1.0 else []) + [self.ref(s).var for s in scalars]
         scale = tuple(scale)
+        with_ids = self._onehot_scaled(b, word, scale)  # c X: c added at the ids into zeros
+        if with_ids is not None:
+            return with_ids
         if len(word) == 1:
             x = self._factor(word[0])
             if not scale:
@@ -121,7 +124,8 @@ class Products:
         # a side that is a vector of ones is not multiplied but summed over (_matmul): a scalar put
         # on it would be lost, so it goes on the other side or the result
         sizes.pop(self._ones_side(word[:s + 1], word[s + 1:]), None)
-        sizes.pop(self._onehot_side(word[:s + 1], word[s + 1:]), None)  # ids: nothing to scale
+        for side in self._onehot_unscaled(word[:s + 1], word[s + 1:]):  # ids: the scale on the other side
+            sizes.pop(side, None)
         where = min(sizes, key=sizes.get)
         lhs, rhs = left.read(), right.read()
         if where == "left":
@@ -175,8 +179,7 @@ class Products:
                 best, where = None, None
                 for s in range(i, j):
                     work = p[i] * p[s + 1] * p[j + 1]
-                    if (s == i and self._onehot_factor(word[i:i + 1]) is not None) or \
-                            (s + 1 == j and self._onehot_factor(word[j:j + 1]) is not None):
+                    if self._onehot_split(word, i, s, j):
                         work = p[i] * p[j + 1]  # a lookup or a scatter: the size of its result
                     c = cost[i][s] + cost[s + 1][j] + work
                     if best is None or c < best:

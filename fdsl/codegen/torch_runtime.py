@@ -592,10 +592,29 @@ def _pick_sum(ids, A):
     return float(t.detach()) if t.dim() == 0 else t[..., None, None]
 
 
+def _aa_ids(S, ids):
+    """aa(A, onehot(ids)) from S = a(A): S o (onehot(ids) - p 1^t), p the entries of S at the ids
+    (-p S, with p (1 - p) at the ids), per example for a batch."""
+    if ids.dim() == 2 and S.dim() == 2:
+        S = S.expand(ids.shape[0], *S.shape)
+    index = ids.unsqueeze(-1).expand(*S.shape[:-1], 1)
+    p = S.gather(-1, index)
+    return (-p * S).scatter_(-1, index, p * (1 - p))
+
+
 def _add_ids(P, ids, sign):
     """P + sign onehot(ids), written into P (a tensor of the sum's own; one without the batch
-    axis of the ids is copied per example first)."""
+    axis of the ids, or of the sign, a number of each example (batch, 1, 1), is copied per
+    example first)."""
+    if torch.is_tensor(sign) and sign.dim() != 3:  # one number (a 1 x 1 or 0-d tensor)
+        sign = sign.reshape(())
+    if torch.is_tensor(sign) and sign.dim() == 3 and P.dim() == 2:  # one number an example
+        P = P.expand(sign.shape[0], *P.shape).clone()
     if ids.dim() == 2 and P.dim() == 2:
         P = P.expand(ids.shape[0], *P.shape).clone()
     index = ids.unsqueeze(-1).expand(*P.shape[:-1], 1)
-    return P.scatter_add_(-1, index, torch.full(index.shape, sign, dtype=P.dtype, device=P.device))
+    if torch.is_tensor(sign):  # a scalar of the data or a weight: its numbers along the ids
+        src = sign.to(P.dtype).expand(index.shape)
+    else:
+        src = torch.full(index.shape, sign, dtype=P.dtype, device=P.device)
+    return P.scatter_add_(-1, index, src)

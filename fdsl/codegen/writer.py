@@ -194,7 +194,9 @@ class Writer:
             else:
                 code = "_scatter(%s, %s, %d)" % (self.read(a[0]), self.read(a[1]), op.attrs["vocab"])
         elif kind == "add_ids":
-            code = "_add_ids(%s, %s, %r)" % (self.read(a[0]), self.read(a[1]), op.attrs["sign"])
+            # the sign, times the scalar operands after the ids (fdsl.codegen.onehot)
+            sign = " * ".join([repr(op.attrs["sign"])] + [self.scalar(s) for s in a[2:]])
+            code = "_add_ids(%s, %s, %s)" % (self.read(a[0]), self.read(a[1]), sign)
         elif kind == "sum_axis":
             axis = op.attrs["axis"]
             if op.attrs.get("total"):
@@ -323,6 +325,7 @@ _HELPERS = {
     "masked": "%s * %s",
     "lookup": "_lookup(%s, %s)",
     "pick_sum": "_pick_sum(%s, %s)",
+    "aa_ids": "_aa_ids(%s, %s)",
     "softmax": "_softmax(%s)",
     "aa_given": "_aa_given(%s, %s)",
     "layernorm_stats": "_layernorm_stats(%s)",

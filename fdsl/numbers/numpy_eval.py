@@ -208,6 +208,8 @@ class Evaluator:
                 continue  # built-in values: the sub-evaluators compute them themselves
             name = symbol.printed()
             base[name] = self.memo[leaf]
+            if symbol.onehot:  # the memo holds its one-hot rows; the sub-evaluators take its ids
+                base[name] = np.argmax(base[name], axis=-1)
             if symbol.kind == "weight" and name in self.tangent:
                 moving.append(name)
         h = self.step

@@ -17,6 +17,11 @@ method      one way of turning the case into gradient numbers, named in reports:
                            a second draw of it), against torch autograd's gradients of each
                            example added (the gradient of the loss summed over the batch),
             ``code-batch[F]`` the numpy module on the same batch (its pieces, its sums over it),
+            ``dense[F]``   for a case with onehot constants (given as ids to every method above):
+                           the generated code of the same program with ``onehot`` struck out
+                           of its declarations, given their one-hot matrices (plain products,
+                           no lookups, scatters or gathers: a path that shares no rule of
+                           ``fdsl.codegen.onehot``),
             ``grad(w)``    what a user gets: ``grad(w)`` in the program (the path of ``fdsl grad``,
                            the repl and ``train``),
             ``torch``      torch autograd of the plain term L (``fdsl.verify.torch_eval``), when
@@ -45,6 +50,9 @@ kink        an argument of relu (``m``, ``mm``) that is 0 in exact arithmetic bu
             constant row) is at a kink: no derivative exists there, and each implementation's
             mask follows the sign of its own rounding. Such a case (an entry below ``KINK`` in
             size, not 0) is computed every way but not compared, and reported as skipped.
+ids         the value of a const declared ``n x v onehot``: integers in [0, v), one a row, drawn
+            uniformly; torch autograd and ``dense[F]`` are given their one-hot matrices, every other
+            method the ids (a batch stacks them: (2, n)).
 overflow    a loss that is not finite at the drawn values (``exp(exp(exp(U)))``) has no numbers to
             compare: the case is reported as skipped. (A finite loss whose gradient is not, or
             any method that fails, is a failure.)
@@ -52,6 +60,7 @@ overflow    a loss that is not finite at the drawn values (``exp(exp(exp(U)))``)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -64,7 +73,7 @@ from ..codegen.grads import gradients, symbol_leaves
 from ..core import terms as T
 from ..core.ops import shown as op_name
 from ..lang.program import parse
-from ..numbers.numpy_eval import Evaluator, NonFinite, NotDifferentiable
+from ..numbers.numpy_eval import Evaluator, NonFinite, NotDifferentiable, one_hot
 from ..numbers.values import program_values
 from ..verify import torch_eval
 
@@ -114,7 +123,8 @@ class Report:
 
 
 def draw_values(leaves: dict, dims: dict, seed: int) -> dict:
-    """Normal entries for every symbol that needs a value; weights scaled by 1/sqrt(rows)."""
+    """Normal entries for every symbol that needs a value; weights scaled by 1/sqrt(rows); ids
+    for a onehot constant."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, leaf in leaves.items():
@@ -123,8 +133,32 @@ def draw_values(leaves: dict, dims: dict, seed: int) -> dict:
             out[name] = np.full((1, 1), rng.standard_normal())
             continue
         r, c = (dims[s] if isinstance(s, str) else s for s in shape)
+        if symbol.onehot:
+            out[name] = rng.integers(0, c, r)
+            continue
         out[name] = rng.standard_normal((r, c)) / (np.sqrt(r) if symbol.kind == "weight" else 1.0)
     return out
+
+
+def dense(values: dict, leaves: dict, dims: dict) -> dict:
+    """``values`` with the ids of every onehot constant replaced by their one-hot matrices (a
+    batch of ids by a batch of matrices)."""
+    out = dict(values)
+    for name, leaf in leaves.items():
+        symbol, shape = leaf.data
+        if symbol.onehot and name in out:
+            out[name] = one_hot(np.asarray(out[name]), dims[shape[1]] if isinstance(shape[1], str) else shape[1])
+    return out
+
+
+#: ``onehot`` after a declared shape (``const Y : n x v onehot``), for ``dense[F]``
+_ONEHOT = re.compile(r"^(\s*const\b[^\n#]*?)\s+onehot\b", re.M)
+
+
+def without_onehot(source: str) -> str:
+    """The program ``source`` with ``onehot`` struck out of its declarations: its constants take
+    their one-hot matrices."""
+    return _ONEHOT.sub(r"\1", source)
 
 
 def normal_forms(program, w, forms=None) -> tuple:
@@ -159,6 +193,7 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
     everything = [L] + list(nfs.values())
     leaves = symbol_leaves(everything)
     values = draw_values(leaves, dims, seed)
+    ids = any(leaf.data[0].onehot for leaf in leaves.values())
     names = sorted(n for n, leaf in leaves.items() if leaf.data[0].kind == "weight")
     try:
         Evaluator(values, dims).value(L)
@@ -176,8 +211,15 @@ def check(source: str, *, loss: str = "L", form: str = "w", sign: int = 1, seed:
     if use_torch is None:
         use_torch = torch_eval.available()
     if use_torch:
-        tg = torch_eval.TorchEvaluator(values, dims, names).gradients(L, names)
+        tg = torch_eval.TorchEvaluator(dense(values, leaves, dims), dims, names).gradients(L, names)
         got["torch"] = {n: float(sign) * g for n, g in tg.items()}
+    if ids:  # the same program without onehot, on the one-hot matrices (see the module doc)
+        plain = parse(without_onehot(source), "<case>", base_dir)
+        matrices = dense(values, leaves, dims)
+        plain_nfs, _ = normal_forms(plain, plain.expr(form), forms)
+        for name, nf in plain_nfs.items():
+            if weights(nf):
+                got["dense[%s]" % name] = full(codegen.compile_gradients(nf, dims)(matrices))
     for name, nf in nfs.items():
         ev = Evaluator(values, dims)
         got["eval[%s]" % name] = full({W: ev.value(g) for W, g in codegen.gradient_terms(nf).items()})
@@ -224,7 +266,7 @@ def _batched_torch(report, torch_grads, numpy_grads, L, leaves, values, dims, na
         return
     if _kink_at_the_point(L, second, dims) is not None:
         return
-    tg = torch_eval.TorchEvaluator(second, dims, names).gradients(L, names)
+    tg = torch_eval.TorchEvaluator(dense(second, leaves, dims), dims, names).gradients(L, names)
     want = {n: ref[n] + float(sign) * tg[n] for n in names}
     scale = max([report.scale] + [float(np.max(np.abs(g))) for g in want.values() if g.size])
     batch = {k: np.stack([values[k], second[k]]) if k in data else v for k, v in values.items()}
@@ -245,7 +287,8 @@ def _torch_code(grads, values) -> dict:
     gives at ``values``, in float64, as numpy arrays."""
     import torch
 
-    given = {k: torch.as_tensor(np.asarray(v, dtype=np.float64)) if np.ndim(v) else v for k, v in values.items()}
+    given = {k: torch.as_tensor(np.asarray(v, dtype=np.int64 if np.asarray(v).dtype.kind in "iu" else np.float64))
+             if np.ndim(v) else v for k, v in values.items()}  # ids stay integers
     return {k: np.asarray(v.detach().numpy() if torch.is_tensor(v) else v, dtype=np.float64)
             for k, v in grads(given).items()}
 

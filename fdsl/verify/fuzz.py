@@ -16,7 +16,16 @@ kind        how an expression of a wanted shape is made: a leaf (weight, family 
             ones times a row: a broadcast bias), a scalar multiple (numbers, ``s = k^(-1/2)``,
             dims as numbers, ``-A``, ``A / 2``, ``trace(S) A``), ``+``, ``-``, Hadamard ``*``, a
             transpose of a leaf or of a composite, an application ``f(j, A)`` (a residual when A is
-            shared), and every function-style operator of the operator table.
+            shared), every function-style operator of the operator table, and the uses of a
+            onehot constant (below).
+onehot      a constant ``Yrv : r x v onehot`` (v one of the dims: its vocabulary), given as ids, used
+            only as the lowering computes it without its one-hot matrix (``fdsl.codegen.onehot``):
+            ``Yrv A`` (an embedding lookup; the gradient of a weight in A is a scatter),
+            ``A Yrv^t``, ``Yvr^t A`` (a scatter), ``A + Yrv`` and ``A - Yrv`` (1 added at the ids),
+            ``trace(Yrv^t A) B`` (a gather), ``rowsum(Yrv)`` (a column of ones), and the loss
+            ``L = -trace(Yrv^t logsoftmax(F))``, a cross-entropy over ids, in place of ``E``'s.
+            ``fdsl.verify.differential`` checks them on ids against the same program with their
+            one-hot matrices. ``bench/fuzz.py --no-ids`` turns them off (``IDS``).
 operators   read from ``fdsl.core.ops.OPS`` (after loading ``RULE_FILES``, whose operators programs use
             with a ``rules`` line): an operator whose shape rule keeps one common shape is
             generated with arguments of that shape; one the rules cannot differentiate (no d rule:
@@ -68,6 +77,9 @@ MAX_DEPTH = 4
 #: trace(X dU) trace(E^t X), which the stdlib's scalar-in-d brings into one trace.
 #: ``bench/fuzz.py --no-weight-traces`` turns it off.
 WEIGHT_TRACES = True
+#: whether programs use onehot constants given as ids (see the module doc); ``bench/fuzz.py --no-ids``
+#: turns it off (the programs of the runs before 2027-01)
+IDS = True
 
 
 # ---- the operator table ---------------------------------------------------------------------------
@@ -165,6 +177,7 @@ class _Context:
     inputs: set = field(default_factory=set)
     ones: set = field(default_factory=set)  # shapes of ones matrices Jab (vectors included)
     identities: set = field(default_factory=set)
+    onehots: set = field(default_factory=set)  # shapes (rows, vocabulary) of onehot constants Yrv
     defs: list = field(default_factory=list)  # (name, shape)
     rules: set = field(default_factory=set)
     layer: Optional[tuple] = None  # the shape of f(i, Z)
@@ -247,7 +260,51 @@ def _kinds(ctx: _Context, shape, depth) -> list:
     for op, info in sorted(operators().items()):
         if not info.rows or shape[1] == 1:  # a row reduction makes a column
             kinds.append("op:" + op)
+    if IDS:  # last: Hypothesis shrinks towards the kinds above
+        kinds += ["ids-lookup", "ids-lookup-right", "ids-trace"]
+        if shape[0] in DIMS:
+            kinds.append("ids-scatter")
+        if shape[1] in DIMS:
+            kinds.append("ids-add")
+        if shape[1] == 1:
+            kinds.append("ids-rowsum")
     return kinds
+
+
+def _onehot(ctx: _Context, rows, vocab) -> str:
+    """The name of the onehot constant of ``rows`` ids in [0, ``vocab``) (declared at the end)."""
+    ctx.onehots.add((rows, vocab))
+    return _name("Y", (rows, vocab))
+
+
+def _ids_expression(ctx: _Context, kind: str, shape, sub) -> str:
+    """An expression of ``shape`` that uses a onehot constant as the lowering computes it (see the
+    module doc)."""
+    r, c = shape
+    if kind == "ids-lookup":  # X A: the rows of A at the ids
+        vocab = ctx.draw(st.sampled_from(DIMS))
+        return "%s %s" % (_onehot(ctx, r, vocab), sub((vocab, c)))
+    if kind == "ids-lookup-right":  # A X^t = (X A^t)^t
+        vocab = ctx.draw(st.sampled_from(DIMS))
+        return "%s %s^t" % (sub((r, vocab)), _onehot(ctx, c, vocab))
+    if kind == "ids-scatter":  # X^t A: the rows of A added at the ids
+        rows = _side(ctx)
+        return "%s^t %s" % (_onehot(ctx, rows, r), sub((rows, c)))
+    if kind == "ids-add":  # A + X, A - X: 1 added (taken) at the ids
+        y = _onehot(ctx, r, c)
+        return ctx.draw(st.sampled_from(["%s + %s", "%s - %s", "%s + %s"])) % (
+            (sub(shape), y) if ctx.draw(st.booleans()) else (y, sub(shape)))
+    if kind == "ids-rowsum":  # a column of ones, whatever the ids
+        return "rowsum(%s)" % _onehot(ctx, r, ctx.draw(st.sampled_from(DIMS)))
+    # ids-trace: trace(X^t A) B, the sum of A's entries at the ids (the cross-entropy's gather)
+    rows, vocab = _side(ctx), ctx.draw(st.sampled_from(DIMS))
+    const = ctx.const
+    ctx.const = const or not WEIGHT_TRACES  # see WEIGHT_TRACES
+    try:
+        picked = _paren(expression(ctx, (rows, vocab), 0 if ctx.const else 1))
+    finally:
+        ctx.const = const
+    return "trace(%s^t %s) %s" % (_onehot(ctx, rows, vocab), picked, sub(shape))
 
 
 def expression(ctx: _Context, shape, depth: int) -> str:
@@ -302,6 +359,8 @@ def expression(ctx: _Context, shape, depth: int) -> str:
         return "%s %s" % (_name("J", (r, 1)), sub((1, c)))
     if kind == "layer":
         return "f(%d, %s)" % (ctx.draw(st.integers(0, 1)), expression(ctx, shape, depth - 1))
+    if kind.startswith("ids-"):
+        return _ids_expression(ctx, kind, shape, sub)
     info = operators()[kind[3:]]
     if info.rules:
         ctx.rules.add(info.rules)
@@ -326,6 +385,11 @@ _LOSSES = (  # (w, sign): w = sign d(L) with L = trace(E^t E) / 2
     ("trace(d(E)^t E) / 2 - form(E) / 2", Fraction(1)),
     ("3 form(E)", Fraction(-3)),
 )
+_CROSS_ENTROPY = (  # (w, sign): w = sign d(L) with L = -trace(Y^t logsoftmax(F))
+    ("d(L)", Fraction(1)),
+    ("-d(L)", Fraction(-1)),
+    ("2 d(L)", Fraction(2)),
+)
 
 
 @st.composite
@@ -347,19 +411,26 @@ def programs(draw) -> Case:
         name = "H%d" % j
         lines.append("%s %s %s" % (name, draw(st.sampled_from([":=", "="])), body))
         ctx.defs.append((name, shape))
-    shape = (draw(st.sampled_from(SIDES)), draw(st.sampled_from(SIDES)))
+    # the cross-entropy over ids last (Hypothesis shrinks towards the squared error)
+    cross_entropy = IDS and draw(st.sampled_from([False, False, True]))
+    shape = (draw(st.sampled_from(SIDES)), draw(st.sampled_from(DIMS if cross_entropy else SIDES)))
     lines.append("F = %s" % expression(ctx, shape, draw(st.integers(1, MAX_DEPTH))))
-    ctx.inputs.add(shape)
-    lines.append("E %s %s" % (draw(st.sampled_from([":=", "="])),
-                              draw(st.sampled_from(["%s - F", "F - %s"])) % _name("X", shape)))
-    lines.append("L = trace(E^t E) / 2")
-    w, sign = draw(st.sampled_from(_LOSSES))
+    if cross_entropy:  # the loss of a language model: the next tokens as ids
+        lines.append("L = -trace(%s^t logsoftmax(F))" % _onehot(ctx, *shape))
+        w, sign = draw(st.sampled_from(_CROSS_ENTROPY))
+    else:
+        ctx.inputs.add(shape)
+        lines.append("E %s %s" % (draw(st.sampled_from([":=", "="])),
+                                  draw(st.sampled_from(["%s - F", "F - %s"])) % _name("X", shape)))
+        lines.append("L = trace(E^t E) / 2")
+        w, sign = draw(st.sampled_from(_LOSSES))
     lines.append("w = %s" % w)
     head = ['rules "%s"' % f for f in sorted(ctx.rules)]
     head.append("dim " + ", ".join("%s = %d" % kv for kv in sizes.items()))
     if ctx.scalars:
         head.append("scalar s = k^(-1/2)")
     head += ["const %s : %s x %s" % ((_name("X", s),) + s) for s in sorted(ctx.inputs, key=str)]
+    head += ["const %s : %s x %s onehot" % ((_name("Y", s),) + s) for s in sorted(ctx.onehots, key=str)]
     head += ["const %s : %s x %s = ones" % ((_name("J", s),) + s) for s in sorted(ctx.ones, key=str)]
     head += ["const I%s : %s x %s = identity" % (s, s, s) for s in sorted(ctx.identities, key=str)]
     head += ["weight %s : %s x %s" % ((_name("U", s),) + s) for s in sorted(ctx.weights, key=str)]
