@@ -718,7 +718,7 @@ def rules_to_check(program, files) -> list:
     before = set(book.rule_names)
     if files:
         loaded = set(book.files)
-        book.load(*[Path(f) for f in files])
+        book.load(*[Path(f) for f in files], checked=False)  # (checked below, every rule, with a verdict each)
         # a file the stdlib loaded already (fdsl rules --check stdlib/d.rules) is checked all the same
         again = {str(Path(f).resolve()) for f in files} & loaded
         return [r for n, r in book.rule_names.items() if n not in before or _rule_file(r) in again]
