@@ -63,7 +63,7 @@ def close_name(name: str, known) -> Optional[str]:
     start of a longer one (``norm``, ``normal``; ``diag``, ``diagram``) is another word, not a slip."""
     lower = name.lower()
     slips = [other for other in known if other != name
-             and (other.lower() == lower or (max(len(name), len(other)) > 1 and _one_slip(name, other)))]
+             and (other.lower() == lower or (max(len(name), len(other)) > 1 and _one_slip(lower, other.lower())))]
     # (two one-letter names are one letter apart, and no slip: X for Y)
     return min(slips, key=lambda other: other.lower() != lower) if slips else None
 
