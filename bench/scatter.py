@@ -8,6 +8,7 @@ Prints the median of 5 runs of each, in ms, and their largest difference (float3
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def median_ms(f, *args, runs=5) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
     rng = np.random.default_rng(0)
     print("%-34s %10s %10s %8s %s" % ("rows x vocab x cols", "add.at", "reduceat", "ratio", "max diff"))
     for rows, vocab, cols in [(256, 65, 384), (4 * 256, 65, 384), (1024, 50257, 768), (8 * 1024, 50257, 768)]:

@@ -20,6 +20,9 @@ def assemble() -> None:
     from .learn import flow, metrics, train, watch  # noqa: F401
     from .numbers import numpy_eval, values  # noqa: F401
     from .pictures import graphviz
+    from .verify import check
 
     # the pictures that Term.diagram, Program.diagram and Program.deps show, below the pictures' floor
     assembly.set_pictures(diagram=graphviz.notebook_diagram, deps=graphviz.notebook_deps)
+    # a user's rule file is checked numerically as it is loaded (fdsl.lang.rules, a floor below)
+    assembly.set_rule_checker(check.check_loaded)

@@ -90,3 +90,18 @@ def test_the_manuals_verbs_of_a_number_through_the_cli(run_fdsl, examples, manua
     said, means = (run_fdsl("run", examples / "encoder2.fd", "-e", "string(%s)" % x) for x in (manual, meant))
     assert said.returncode == 0 and means.returncode == 0, said.stderr + means.stderr
     assert said.stdout == means.stdout and "Q[1]" in said.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("typed, known, meant", [
+    ("nromal", ["normal", "norm"], "normal"),  # two letters swapped
+    ("Eq", ["E", "Q"], "E"),  # one letter too many
+    ("trace", ["trace"], None),  # itself
+    ("TRACE", ["trace"], "trace"),  # only case
+    ("norm", ["normal"], None),  # the start of a longer word is another word (issue 31)
+    ("diag", ["diagram"], None),
+    ("X", ["Y"], None),  # two one-letter names are no slip
+])
+def test_close_name_offers_only_slips_of_the_keys(typed, known, meant):
+    from fdsl.lang.hints import close_name
+
+    assert close_name(typed, known) == meant

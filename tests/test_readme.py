@@ -58,6 +58,10 @@ def test_the_elementwise_example_and_its_output_are_real():
     _shown_with_its_output("elementwise.fd")
 
 
+def test_the_attention_pooling_example_and_its_output_are_real():
+    _shown_with_its_output("pooling.fd")
+
+
 def test_the_gpt_example_its_output_and_its_training_are_real():
     program = (ROOT / "examples" / "gpt.fd").read_text()
     i = next(i for i, b in enumerate(BLOCKS) if b.strip() == program.split("\n", 1)[1].strip())

@@ -122,12 +122,12 @@ def test_ambiguous_abbreviation():
 
 
 def test_load_resolves_paths_relative_to_the_file(tmp_path):
-    (tmp_path / "mine.rules").write_text("ruleset mine\nrule mine-relu: m(?A) => ?A\n")
-    (tmp_path / "prog.fd").write_text('rules "mine.rules"\ndim n = 2\nconst A : n x n\nshow mine(m(A))\n')
+    (tmp_path / "mine.rules").write_text("ruleset mine\nrule mine-relu: m(m(?A)) => m(?A)\n")
+    (tmp_path / "prog.fd").write_text('rules "mine.rules"\ndim n = 2\nconst A : n x n\nshow mine(m(m(A)))\n')
     s = session()
     before = s.program.base_dir
     assert s.run(":load %s" % (tmp_path / "prog.fd")), errors(s)
-    assert output(s) == "A\n"
+    assert output(s) == "m(A)\n"
     assert s.program.base_dir == before  # at the prompt, relative paths are relative to where you are
     assert s.run(":rules mine")
     assert "rule mine-relu" in output(s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -520,3 +521,178 @@ def test_the_generated_model_starts_layer_norms_as_declared(examples):
         else:
             assert p.std() > 0.05, name
     assert "fill_" not in (examples / "train_chargpt.py").read_text()
+
+
+# ---- issue 31, items 2, 3 and 7: unchecked rule files, row-wise operators of one column, messages that blame --------
+# ---- the wrong thing ------------------------------------------------------------------------------------------------
+
+# examples/softplus.rules with a derivative twice too large: gradients off by 100%, exit 0, before rule files
+# were checked on load
+SOFTPLUS = (Path(__file__).resolve().parents[1] / "examples" / "softplus.rules").read_text()
+WRONG_DERIVATIVE = SOFTPLUS.replace("=> softplusd(?A, d(?A))", "=> 2 softplusd(?A, d(?A))")
+WRONG_LINE = 1 + WRONG_DERIVATIVE.splitlines().index(next(x for x in WRONG_DERIVATIVE.splitlines() if "=> 2 " in x))
+SOFTPLUS_MODEL = ('rules "wrong.rules"\ndim n = 3\nconst X : n x n\nweight W : n x n\nrandom 0\n'
+                  'w = form(X - softplus(W))\nshow grad(w, W)\n')
+
+
+def test_a_rule_file_with_a_wrong_derivative_is_refused_at_its_rule(run_fdsl, tmp_path):
+    write(tmp_path, WRONG_DERIVATIVE, "wrong.rules")
+    path = write(tmp_path, SOFTPLUS_MODEL)
+    r = run_fdsl("run", path.name, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr  # was: exit 0, wrong gradient
+    first = r.stderr.splitlines()[0]
+    assert re.match(r"^wrong\.rules:%d:1: rule d-softplus is unsound: for \?A = .*: left side d\(softplus\("
+                    % WRONG_LINE, first), first
+    assert "right side" in first and "--unchecked" in first
+    # the same file given with --rules, to every command that loads rule files
+    (tmp_path / "q.fd").write_text(SOFTPLUS_MODEL.replace('rules "wrong.rules"\n', ""))
+    for argv in (["run", "q.fd"], ["grad", "q.fd", "--form", "w", "--random", "0", "--out", "g.npz"],
+                 ["codegen", "q.fd", "--form", "w", "-o", "g.py"]):
+        r = run_fdsl(argv[0], "--rules", "wrong.rules", *argv[1:], cwd=tmp_path)
+        refused = r.stderr.startswith("wrong.rules:%d:1: rule d-softplus is unsound" % WRONG_LINE)
+        assert r.returncode == 2 and refused, (argv, r.stderr)
+        assert not (tmp_path / "g.npz").exists() and not (tmp_path / "g.py").exists()
+    # --unchecked loads it knowingly
+    r = run_fdsl("run", "--unchecked", path.name, cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_sound_rule_file_loads_and_its_gradient_is_right(run_fdsl, tmp_path):
+    write(tmp_path, SOFTPLUS, "wrong.rules")
+    r = run_fdsl("run", write(tmp_path, SOFTPLUS_MODEL), cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+UNSOUND = ("ruleset mine\nrule good: trace(?A + ?B) => trace(?A) + trace(?B)\n"
+           "rule bad: trace(?A ?B) => trace(?A) trace(?B)\n")
+
+
+def test_the_api_and_the_repl_check_rule_files_and_can_skip_it(tmp_path):
+    write(tmp_path, UNSOUND, "u.rules")
+    with pytest.raises(FdslError) as e:
+        fdsl.parse('rules "u.rules"\n', base_dir=tmp_path)
+    assert (e.value.line, e.value.col) == (3, 1) and e.value.message.startswith("rule bad is unsound: for ")
+    assert "mine" in fdsl.parse('rules "u.rules"\n', base_dir=tmp_path, unchecked=True).rulebook.rulesets
+    with pytest.raises(FdslError, match="rule bad is unsound"):
+        fdsl.load(write(tmp_path, "dim n = 2\n"), rules=[tmp_path / "u.rules"])
+    assert fdsl.load(write(tmp_path, "dim n = 2\n"), rules=[tmp_path / "u.rules"], unchecked=True)
+    from fdsl import repl
+
+    session = repl.Session(out=io.StringIO(), err=io.StringIO())
+    assert not session.run('rules "%s"' % (tmp_path / "u.rules"))
+    assert "rule bad is unsound" in session.err.getvalue()
+    assert session.run(":check off") and "check is off" in session.out.getvalue()
+    assert session.run('rules "%s"' % (tmp_path / "u.rules"))
+    assert session.run(":reset") and session.program.options["unchecked"]  # an option: :reset keeps it
+
+
+def test_the_check_is_cached_by_the_files_content(tmp_path, monkeypatch):
+    from fdsl.verify import check
+
+    calls = []
+    real = check.check_rule
+    monkeypatch.setattr(check, "check_rule", lambda rule, *a, **k: calls.append(rule.name) or real(rule, *a, **k))
+    path = write(tmp_path, "# %s\nruleset mine\nrule split: trace(?A + ?B) => trace(?A) + trace(?B)\n" % tmp_path,
+                 "s.rules")
+    fdsl.parse('rules "s.rules"\n', base_dir=tmp_path)
+    assert calls == ["split"]
+    path.write_text(path.read_text())  # a new mtime, the same content: not checked again
+    fdsl.parse('rules "s.rules"\n', base_dir=tmp_path)
+    assert calls == ["split"]
+    path.write_text(path.read_text() + "rule split2: trace(?A^t) => trace(?A)\n")
+    fdsl.parse('rules "s.rules"\n', base_dir=tmp_path)
+    assert calls == ["split", "split", "split2"]
+
+
+def test_rules_beyond_the_bound_are_said_to_be_unchecked(tmp_path, monkeypatch):
+    from fdsl.verify import check
+
+    monkeypatch.setattr(check, "MAX_CHECKED_ON_LOAD", 2)
+    rules = "".join("rule r%d: trace(%d ?A^t) => trace(%d ?A)\n" % (i, i + 2, i + 2) for i in range(5))
+    write(tmp_path, "# %s\nruleset mine\n" % tmp_path + rules, "b.rules")
+    program = fdsl.parse("", base_dir=tmp_path)
+    program.trace_out = io.StringIO()
+    program.load_rules(tmp_path / "b.rules")
+    assert program.trace_out.getvalue().startswith("note: 3 rules were not checked numerically, beyond the 2 "
+                                                   "distinct rules checked when a file is loaded (the first is r2")
+
+
+@pytest.mark.parametrize("op, value", [("a", "all ones"), ("logsoftmax", "all zeros"), ("layernorm", "all zeros"),
+                                       ("rowvar", "all zeros")])
+def test_a_row_wise_operator_of_one_column_is_refused_with_the_column_wise_one(run_fdsl, tmp_path, op, value):
+    text = "dim n = 4, d = 3\nconst X : n x d\nweight u : d x 1\nrandom 0\ns = %s(X u)\n" % op
+    r = run_fdsl("run", write(tmp_path, text).name, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # was: exit 0, a constant, u's gradient 0
+    assert r.stderr.startswith("p.fd:5:5: %s of a single column is %s: " % (op, value)), r.stderr
+    assert "it is %s((X u)^t)^t" % op in r.stderr
+    # a dim of value 1 is a single column too
+    r = run_fdsl("run", write(tmp_path, "dim n = 4, k = 1\nconst X : n x k\nshow %s(X)\n" % op).name, cwd=tmp_path)
+    assert r.returncode == 2 and "p.fd:3:6: %s of a single column is %s" % (op, value) in r.stderr, r.stderr
+
+
+def test_attention_pooling_written_column_wise_learns():
+    program = fdsl.parse("dim n = 4, d = 3\nconst X : n x d, y : 1 x d\nweight u : d x 1\n"
+                         "p = a((X u)^t)^t\nE := y - p^t X\nw = form(E)\nrandom 0\n")
+    p = program.expr("eval(p)").array
+    assert p.shape == (4, 1) and np.isclose(p.sum(), 1) and not np.allclose(p, 1)
+    assert np.abs(program.expr("grad(w, u)").array).max() > 1e-6  # u learns (a(X u) gave it exactly 0)
+
+
+def test_a_named_dim_and_a_number_of_the_same_value_are_explained():
+    with pytest.raises(FdslError) as e:
+        fdsl.parse("dim d = 3\nconst A : 2 x d, B : 3 x 2\nP = A B\n")
+    assert (e.value.line, e.value.message) == (3, "A B: (2 x d)(3 x 2): inner sizes d and 3 differ")
+    assert e.value.notes == ["note: d is the dim declared d = 3, and 3 a number: sizes match as they are written, so "
+                             "d and 3 differ even though d = 3; write the dim d in both declarations (e.g. d x ..., "
+                             "not 3 x ...)"]
+    with pytest.raises(FdslError) as e:
+        fdsl.parse("dim d = 3, e = 3\nconst A : 2 x d, B : e x 2\nP = A B\n")
+    assert "d and e are two dims, each declared = 3" in e.value.notes[0]
+    with pytest.raises(FdslError) as e:  # sizes that differ in value: no note
+        fdsl.parse("dim d = 4\nconst A : 2 x d, B : 3 x 2\nP = A B\n")
+    assert e.value.notes == []
+
+
+def test_the_normal_form_of_a_matrix_of_forms_says_it_is_not_a_scalar():
+    with pytest.raises(FdslError) as e:
+        fdsl.parse(HEAD + "w = -d(E)\nN = normal(w)\n")
+    # was: "d(E) is left as it is: no rule expands it"
+    assert (e.value.line, e.value.col) == (6, 12)
+    assert e.value.message.startswith("normal(...) takes a scalar 1-form: dE is the differential of E, a (n x d) "
+                                      "matrix: E is not a scalar; a 1-form is a scalar, e.g. form(E) = ")
+    assert e.value.notes == ["note: w is defined at <string>:5"]
+
+
+def test_save_of_a_sum_asks_for_parentheses(run_fdsl, tmp_path):
+    r = run_fdsl("run", write(tmp_path, HEAD + 'random 0\nsave "x.npz" X + Y\n').name, cwd=tmp_path)
+    assert r.returncode == 2 and not (tmp_path / "x.npz").exists()
+    assert r.stderr.startswith('p.fd:6:6: the expression after the file name needs parentheses: save "x.npz" (...)')
+    r = run_fdsl("run", write(tmp_path, HEAD + 'random 0\nsave "x.npz" (X + Y)\n'), cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "x.npz").exists(), r.stderr
+
+
+def test_a_sign_opens_the_operand_of_a_product_or_a_sum():
+    program = fdsl.parse("dim n = 2\nconst A, B : n x n\nrandom 0\n")
+    value = lambda text: program.expr("eval(%s)" % text).array
+    a, b = value("A"), value("B")
+    assert np.allclose(value("-A * -B"), a * b)  # was a syntax error
+    assert np.allclose(value("A / -2"), -a / 2)
+    assert np.allclose(value("A - -B"), a + b) and np.allclose(value("A + -B"), a - b)
+    assert np.allclose(value("A * - - B"), a * b)
+
+
+@pytest.mark.parametrize("name, said, not_said", [
+    ("norm", "trace(A^t A)", "normal"), ("diag", "eye(n) * A", "diagram"),
+])
+def test_hints_close_in_spelling_but_not_in_meaning_are_not_offered(name, said, not_said):
+    with pytest.raises(FdslError) as e:
+        fdsl.parse("dim n = 2\nconst A : n x n\nx = %s(A)\n" % name)
+    assert said in e.value.message and not_said not in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize("typed, meant", [("nromal", "normal"), ("trcae", "trace"), ("Trace", "trace"),
+                                          ("diagrm", "diagram"), ("expandal", "expandAll")])
+def test_slips_of_the_keys_still_get_did_you_mean(typed, meant):
+    with pytest.raises(FdslError) as e:
+        fdsl.parse("dim n = 2\nconst A : n x n\nx = %s(A)\n" % typed)
+    assert "did you mean %r?" % meant in e.value.message, e.value.message

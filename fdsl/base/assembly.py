@@ -11,6 +11,9 @@ The pictures come down the same way. ``Term.diagram``, ``Program.diagram`` and `
 (the notebook's conveniences, on floors below ``fdsl.pictures``) ask ``picture("diagram")`` or
 ``picture("deps")`` here; the composition root fills that registry with ``set_pictures`` as it
 assembles, so no floor imports the pictures above it.
+
+The rule checker comes down the same way: ``RuleBook.load`` (``fdsl.lang``) checks a user's rule
+file numerically with ``fdsl.verify.check``, a floor above it, through ``rule_checker()``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from .errors import FdslError
 _assembler: Optional[Callable[[], None]] = None
 _done = False
 _pictures: dict[str, Callable] = {}
+_rule_checker: Optional[Callable] = None
 
 
 def set_assembler(assemble: Callable[[], None]) -> None:
@@ -52,3 +56,16 @@ def picture(name: str) -> Callable:
         raise FdslError("%s() is unavailable: this fdsl has no pictures (fdsl.pictures, which the composition "
                         "root fdsl.compose hands down when it assembles the language)" % name)
     return draw
+
+
+def set_rule_checker(check: Callable) -> None:
+    """Called by the composition root as it assembles: ``check(rules, key)`` holds a user's newly
+    loaded rules numerically (``fdsl.verify.check.check_loaded``)."""
+    global _rule_checker
+    _rule_checker = check
+
+
+def rule_checker() -> Optional[Callable]:
+    """The checker the composition root handed down (assembling first), or None without one."""
+    assemble()
+    return _rule_checker

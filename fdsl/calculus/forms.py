@@ -23,7 +23,7 @@ from ..core import normal
 from ..core import terms as T
 from ..core.functions import as_int, as_term, function
 from ..core.normal import differentials, is_weight  # noqa: F401  (read here by the verbs' callers)
-from ..core.ops import OPS
+from ..core.ops import OPS, shape_str
 from ..core.ops import shown as op_name
 from ..core.printers import short, text
 from ..core.terms import Term
@@ -104,6 +104,8 @@ def check_normal(w: Term, name: str = "normal") -> Term:
 def why_not_normal(s: Term):
     """Why the summand ``s`` is not ``c trace(G d(W))`` with W a weight, or None if it is."""
     _, rest = T.coefficient(s)
+    if not s.scalar and s.has_d:  # w = -d(E) of a matrix E: a matrix of forms, no rule makes it a scalar
+        return not_a_scalar(s)
     stray = [x for x in differentials(s) if not (x.op == "sym" and x.data[0].kind == "weight")]
     if stray:
         x = stray[0]
@@ -128,6 +130,21 @@ def why_not_normal(s: Term):
         return ("a differential is inside %s(...) in %s: no flip rule moves it out of %s; add one to "
                 "ruleset shiftmm, as flip-mm does for mm (stdlib/trace.rules)" % (trapped, short(s, 80), trapped))
     return "%s does not end in its only differential" % short(s, 80)
+
+
+def not_a_scalar(w: Term) -> str:
+    """Why the matrix of forms ``w`` is no 1-form: what it is the differential of, and the scalar to
+    write instead."""
+    _, rest = T.coefficient(w)
+    what = "%s is a %s matrix of forms, not a scalar" % (short(w, 60), shape_str(w.shape))
+    if rest.op == "d" and not rest.args[0].scalar:
+        x = short(rest.args[0], 40)
+        what = "%s is the differential of %s, a %s matrix: %s is not a scalar" % (
+            short(rest, 60), x, shape_str(rest.args[0].shape), x)
+        example = "form(%s) = -trace(%s^t d(%s)), the 1-form of L = 1/2 ||%s||^2" % (x, x, x, x)
+    else:
+        example = "form(E) = -trace(E^t d(E)), or trace(G %s)" % short(w, 30)
+    return "%s; a 1-form is a scalar, e.g. %s" % (what, example)
 
 
 def _trapping_operator(word: Term):

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..base.errors import FdslError, say
-from .common import FILE_HELP, add_limit_options, set_limits
+from .common import FILE_HELP, add_limit_options, add_rules_options, set_limits
 
 # the names of fdsl.codegen.targets.TARGETS and DTYPES, written out so that building the parser
 # imports no numpy (tests/test_architecture.py holds them equal)
@@ -24,7 +24,7 @@ def _cmd_codegen(args) -> int:
     from ..lang.program import load
 
     target_of(args.output)  # a path that cannot be written fails before the work
-    program = load(args.file, rules=args.rules or (), setup=lambda p: set_limits(p, args))
+    program = load(args.file, rules=args.rules or (), setup=lambda p: set_limits(p, args), unchecked=args.unchecked)
     name = args.form
     w = normal_form_of(program, form_named(program, name), name)
     if not forms.normal_terms(w):
@@ -61,7 +61,7 @@ def register(sub):
     p.add_argument("--form", required=True, metavar="NAME", help="the 1-form: a definition (w = form(E)) or an "
                    "expression; normalised with backprop unless it already is a normal form")
     p.add_argument("-o", "--output", required=True, metavar="grads.py", help="where to write the module")
-    p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    add_rules_options(p, "load a rule file first (repeatable)")
     p.add_argument("--target", choices=TARGETS, default="numpy", help="the library the module computes "
                    "with (default numpy; torch: plain torch functions, an autograd Function and a Module)")
     p.add_argument("--dtype", choices=DTYPES, help="compute in this dtype whatever the inputs' (default: the "

@@ -18,11 +18,19 @@ from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT, DEFAULT_TIME_L
 
 FILE_HELP = "the .fd program to read ('-' reads it from standard input)"
 RULES_HELP = "load a rule file before the program (repeatable)"
+UNCHECKED_HELP = ("load rule files (--rules and the program's rules statements) without checking their rules "
+                  "numerically; by default an unsound rule is refused at its line")
+
+
+def add_rules_options(p, help=RULES_HELP) -> None:
+    """--rules FILE and --unchecked: every command that loads rule files takes both."""
+    p.add_argument("--rules", action="append", metavar="FILE", help=help)
+    p.add_argument("--unchecked", action="store_true", help=UNCHECKED_HELP)
 
 
 def add_run_options(p) -> None:
     """The options that say how a program is read and run: fdsl run and fdsl repl share them."""
-    p.add_argument("--rules", action="append", metavar="FILE", help=RULES_HELP)
+    add_rules_options(p)
     p.add_argument("--trace", action="store_true", help="print every rewrite step to stderr")
     add_limit_options(p)
     p.add_argument("--values", metavar="FILE.npz", help="numeric values of symbols, for eval/grad")
@@ -109,7 +117,7 @@ def add_value_options(p) -> None:
     p.add_argument("--values", metavar="IN.npz", help="the values of the symbols (arrays keyed X, Q_0, ...)")
     p.add_argument("--random", type=int, metavar="SEED",
                    help="random values for the symbols --values does not give (all of them without --values)")
-    p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    add_rules_options(p, "load a rule file first (repeatable)")
     add_limit_options(p)
 
 
@@ -130,6 +138,6 @@ def load_with_values(args):
         if args.random is not None:
             values.random_values(program, args.random)
 
-    program = load(args.file, rules=args.rules or (), setup=setup)
+    program = load(args.file, rules=args.rules or (), setup=setup, unchecked=args.unchecked)
     values.check_values(program)
     return program

@@ -8,7 +8,7 @@ import sys
 from ..base.errors import FdslError, say
 from ..base.limits import DEFAULT_MAX_EDGES, DEFAULT_MAX_NODES
 from ..base.progress import slow
-from .common import FILE_HELP
+from .common import FILE_HELP, add_rules_options
 
 
 def _load(args):
@@ -19,7 +19,7 @@ def _load(args):
     output_format(args.output)  # a bad extension or target fails before the program is elaborated
     target_of(args.output)
     with slow("reading %s (its definitions are worked out as they are read)" % args.file):
-        return load(args.file, rules=args.rules or ())
+        return load(args.file, rules=args.rules or (), unchecked=args.unchecked)
 
 
 def _report(done, requested, nodes: int) -> int:
@@ -98,7 +98,7 @@ def register(sub):
     p.add_argument("--expr", required=True, metavar="NAME",
                    help="a definition's name or any expression, e.g. E or 'coeff(w, K[5])'")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="out.svg, out.png, out.pdf or out.dot")
-    p.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    add_rules_options(p, "load a rule file first (repeatable)")
     p.add_argument("--expand", action="append", metavar="NAME",
                    help="draw the definition of this named intermediate (X_5, G_6; repeatable; 'all' for every "
                         "one); by default all are drawn when the picture is small, else they are boxes")
@@ -114,7 +114,7 @@ def register(sub):
     q.add_argument("-o", "--output", required=True, metavar="OUT", help="deps.svg, .png, .pdf or .dot")
     q.add_argument("--weight", metavar="V", help="with --coeff: draw every way the weight V (e.g. 'Q[3]') reaches ...")
     q.add_argument("--coeff", metavar="W", help="... the coefficient of dW (e.g. 'K[5]'), through named intermediates")
-    q.add_argument("--rules", action="append", metavar="FILE", help="load a rule file first (repeatable)")
+    add_rules_options(q, "load a rule file first (repeatable)")
     q.add_argument("--keep-lets", action="store_true",
                    help="take named intermediates (E := ...) as known matrices instead of looking inside them")
     _limits(q)

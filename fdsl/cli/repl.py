@@ -12,6 +12,7 @@ def _cmd_repl(args) -> int:
 
     session = Session()
     setup, after = run_setup(args)
+    session.program.options["unchecked"] = args.unchecked  # (:reset keeps the options)
     for r in args.rules or ():
         session.program.load_rules(r)
         session.rule_files.append(r)

@@ -14,9 +14,10 @@ def _cmd_run(args) -> int:
         args.parser.error("give a program: fdsl run FILE, fdsl run - (standard input) or fdsl run -e 'TEXT'")
     setup, after = run_setup(args)
     if args.file is not None:
-        program = load(args.file, rules=args.rules or (), setup=setup)
+        program = load(args.file, rules=args.rules or (), setup=setup, unchecked=args.unchecked)
     else:
         program = Program("-e")
+        program.options["unchecked"] = args.unchecked
         for r in args.rules or ():
             program.load_rules(r)
         setup(program)

@@ -41,10 +41,11 @@ from typing import Callable, Optional
 class ShapeError(Exception):
     """Operands whose shapes do not fit. ``parts`` are the terms involved, for the message."""
 
-    def __init__(self, template: str, *parts):
+    def __init__(self, template: str, *parts, sizes=()):
         super().__init__(template)
         self.template = template
         self.parts = parts
+        self.sizes = sizes  # the two sizes that differ (a dim's name or a number), where one pair is to blame
 
     def __str__(self) -> str:
         from .printers import text  # lazy: printers import terms, terms raise ShapeError
@@ -78,6 +79,9 @@ class Op:
     rows: bool = False  # a row reduction: (n x d) -> (n x 1)
     elementwise: bool = False  # entry by entry, so f(A^t, B^t) = f(A, B)^t (user operators all are)
     where: str = field(default="", compare=False)  # a user operator's declaration, file:line
+    # a row-wise operator (it normalises along each row): its constant value on a single column,
+    # which a program never means (the elaborator refuses it: fdsl.lang.elaborate)
+    one_column: str = field(default="", compare=False)
 
     @property
     def shown(self) -> str:
@@ -189,6 +193,7 @@ def _mul_shape(args):
                 % (shape_str(_word_shape(left)), shape_str(x.shape), cols, r),
                 _Word(left),
                 x,
+                sizes=(cols, r),
             )
         left.append(x)
         cols = c
@@ -348,7 +353,7 @@ for _op in [
        numpy="np.trace({0}, axis1=-2, axis2=-1)[..., None, None]"),
     Op("m", 1, _same_as_first, elementwise=True, latex="m", doc="relu: negative entries set to zero",
        numpy="np.maximum({0}, 0.0)"),
-    Op("a", 1, _same_as_first, latex="a", doc="row-wise softmax", numpy="_softmax({0})"),
+    Op("a", 1, _same_as_first, latex="a", doc="row-wise softmax", numpy="_softmax({0})", one_column="all ones"),
     Op("mm", 2, same_shape_args("mm"), elementwise=True, linear=(1,), latex=r"\operatorname{mm}",
        doc="mm(A, B) = [A > 0] o B, so d(m(A)) = mm(A, d(A))", numpy="_mm({0}, {1})"),
     Op("aa", 2, same_shape_args("aa"), linear=(1,), latex=r"\operatorname{aa}",
@@ -389,6 +394,7 @@ for _op in [
            "d(dgelu(A, B)) = dgelu(A, d(B)) + ddgelu(A, d(A) * B)"),
     # ---- layer norm and log-softmax (row-wise) ----
     Op("layernorm", 1, _same_as_first, latex=r"\operatorname{layernorm}", numpy="_layernorm({0})",
+       one_column="all zeros",
        doc="row-wise (A - rowmean(A) 1^t) / (sqrt(rowvar(A) + 1e-5) 1^t), no affine part (torch's LayerNorm)"),
     Op("dlayernorm", 2, same_shape_args("dlayernorm"), linear=(1,), numpy="_dlayernorm({0}, {1})",
        doc="the row Jacobian of layernorm at A applied to B (symmetric), so d(layernorm(A)) = dlayernorm(A, d(A))"),
@@ -396,6 +402,7 @@ for _op in [
        doc="layernorm's second derivative at A on U and B (symmetric in every slot): "
            "d(dlayernorm(A, B)) = dlayernorm(A, d(B)) + ddlayernorm(A, d(A), B)"),
     Op("logsoftmax", 1, _same_as_first, latex=r"\operatorname{logsoftmax}", numpy="_logsoftmax({0})",
+       one_column="all zeros",
        doc="row-wise log(a(A)) = A - log(rowsum(exp(A))) 1^t, computed stably (the row maximum first)"),
     Op("dlogsoftmax", 2, same_shape_args("dlogsoftmax"), linear=(1,), numpy="_dlogsoftmax({0}, {1})",
        doc="dlogsoftmax(A, B) = B - rowsum(a(A) o B) 1^t, so d(logsoftmax(A)) = dlogsoftmax(A, d(A))"),
@@ -404,7 +411,7 @@ for _op in [
        numpy="{0}.sum(axis=-1, keepdims=True)", doc="the sums of the rows: (n x d) -> (n x 1)"),
     Op("rowmean", 1, _row_reduction, linear=(0,), rows=True, latex=r"\operatorname{rowmean}",
        numpy="{0}.mean(axis=-1, keepdims=True)", doc="the means of the rows: (n x d) -> (n x 1)"),
-    Op("rowvar", 1, _row_reduction, rows=True, latex=r"\operatorname{rowvar}",
+    Op("rowvar", 1, _row_reduction, rows=True, latex=r"\operatorname{rowvar}", one_column="all zeros",
        numpy="{0}.var(axis=-1, keepdims=True)",
        doc="the biased variances of the rows (as torch's LayerNorm): (n x d) -> (n x 1)"),
     # ---- constants made from a shape alone (the argument is dropped when the term is built) ----

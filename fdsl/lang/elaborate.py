@@ -23,7 +23,6 @@ stops the program at the definition, with a caret on the operand that does not f
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from dataclasses import dataclass
@@ -35,9 +34,10 @@ from ..base.numbers import number_problem, power_problem
 from ..core import share
 from ..core import terms as T
 from ..core.functions import FUNCTIONS, as_int, as_term, describe, render
-from ..core.ops import OPS, ShapeError
+from ..core.ops import OPS, ShapeError, shape_str
+from ..core.printers import short
 from ..core.terms import Symbol, Term
-from .hints import function_hint, keyword_hint
+from .hints import close_name, function_hint, keyword_hint
 from .parse import Node, Stmt
 
 DEPTH_LIMIT = 1000  # nested calls of user definitions before we call it runaway recursion
@@ -327,7 +327,9 @@ class Elaborator:
         try:
             return fn(*args)
         except ShapeError as e:
-            raise self.error(str(e), node) from None
+            error = self.error(str(e), node)
+            error.notes.extend(self._size_notes(e))
+            raise error from None
         except FdslError as e:
             raise e.located(self._src[0], node.line or None, node.col or None, self._src[1])
 
@@ -423,10 +425,29 @@ class Elaborator:
             raise AssertionError("a chain that failed to build built")
         except ShapeError as e:
             error = self.error(str(e), nodes[hi - 1])
+            error.notes.extend(self._size_notes(e))
         if kind == "hadamard" and _multipliable(terms[:hi]):
             error.notes.append("note: * is the componentwise (Hadamard) product; the matrix product "
                                "is written by juxtaposition: A B")
         return error
+
+    def _size_notes(self, e: ShapeError) -> list:
+        """Two sizes that differ as written but have one value (dim d = 3 against 3, or two dims of
+        value 3): sizes are matched by what they are called, so say that, and how to write it."""
+        if len(e.sizes) != 2:
+            return []
+        values = [self.dims.get(x) if isinstance(x, str) else x for x in e.sizes]
+        if values[0] is None or values[0] != values[1]:
+            return []
+        a, b = e.sizes
+        named = [x for x in e.sizes if isinstance(x, str)]
+        if len(named) == 2:
+            return ["note: %s and %s are two dims, each declared = %s: sizes match by name, not by value; "
+                    "declare both matrices with one of them" % (a, b, values[0])]
+        dim, number = named[0], values[0]
+        return ["note: %s is the dim declared %s = %s, and %s a number: sizes match as they are written, so "
+                "%s and %s differ even though %s = %s; write the dim %s in both declarations (e.g. %s x ..., "
+                "not %s x ...)" % (dim, dim, number, number, dim, number, dim, number, dim, dim, number)]
 
     def lookup(self, name: str, node: Node, env: dict):
         """The value of a name: parameter, definition, symbol, dim, or Q_0 for the family Q."""
@@ -451,9 +472,9 @@ class Elaborator:
 
     def _suggest(self, name, env=()):
         known = list(env) + list(self.definitions) + list(self.symbols) + list(self.dims) + list(self.families)
-        close = difflib.get_close_matches(name, known, n=1)
+        close = close_name(name, known)
         if close:
-            return "; did you mean %r?" % close[0]
+            return "; did you mean %r?" % close
         keyword = keyword_hint(name)  # sohw E: a misspelt statement keyword reads as a product
         return "; did you mean the keyword %r?" % keyword if keyword else ""
 
@@ -531,6 +552,8 @@ class Elaborator:
         if self.rulebook is not None and self.rulebook.has_ruleset(name):
             if len(args) != 1:
                 raise self.error("ruleset %s takes 1 argument, not %d" % (name, len(args)), node)
+            if name in ("normal", "backprop"):
+                self._check_scalar_form(name, args[0], node)
             result = self.apply_rules(name, args[0], check=True)  # normal(A W) in a program: say so
             for before in _as_list(args[0]):
                 self._check_applies(name, as_term(before, "the argument of %s" % name), node)
@@ -539,12 +562,49 @@ class Elaborator:
         if op is not None and op.kind == "function":
             if len(args) != op.arity:
                 raise self.error("%s takes %s, not %d" % (name, _count(op.arity, op.arity), len(args)), node)
-            return T.make(op.name, [as_term(a, "an argument of %s" % name) for a in args])
+            term = T.make(op.name, [as_term(a, "an argument of %s" % name) for a in args])
+            self._check_not_one_column(op, term, node)
+            return term
         scale = (self.definitions.get(name) or self.symbols.get(name)
                  or (self.dim_term(name) if name in self.dims else None))
         if scale is not None and len(args) == 1:  # s(A + B) is the product s (A + B)
             return T.mul(as_term(scale), as_term(args[0]))
         raise self.error("unknown function %r%s" % (name, self._suggest_function(name)), node)
+
+    def _check_not_one_column(self, op, term: Term, node: Node) -> None:
+        """A row-wise operator (softmax, log-softmax, layer norm, row variance) of one column is a
+        constant (a(X u) of an n x 1 column is all ones, its gradient 0): never what a program means
+        (attention pooling, softmax(scores, dim=0) in PyTorch, is the column-wise one). Refuse it,
+        with the transposes that write the column-wise one."""
+        if not op.one_column or term.shape is None:
+            return
+        arg = term.args[0]
+        rows, cols = arg.shape
+        cols = self.dims.get(cols) if isinstance(cols, str) else cols
+        if cols != 1:
+            return
+        shown, x = op.shown, short(arg, 40)
+        message = ("%s of a single column is %s: %s works along each row, and %s is %s, one entry a row"
+                   % (shown, op.one_column, shown, x, shape_str(arg.shape)))
+        rows = self.dims.get(rows) if isinstance(rows, str) else rows
+        if rows != 1:
+            message += ("; down the column (as torch's dim=0) it is %s(%s^t)^t"
+                        % (shown, x if x.replace("_", "").isalnum() else "(%s)" % x))
+        raise self.error(message, node)
+
+    def _check_scalar_form(self, name: str, value, node: Node) -> None:
+        """normal(w) of a matrix of forms (w = -d(E), E a matrix) can never be sum_W trace(G_W dW):
+        say what w is at the argument, and where a named one was defined."""
+        if not (isinstance(value, Term) and value.has_d and not value.scalar):
+            return
+        from ..calculus.forms import not_a_scalar
+
+        arg = node.args[0] if node.args else node
+        error = self.error("%s(...) takes a scalar 1-form: %s" % (name, not_a_scalar(value)), arg)
+        seen = self.defined_at.get(arg.value) if arg.kind == "name" else None
+        if seen is not None:
+            error.notes.append("note: %s is defined at %s" % (arg.value, seen[4]))
+        raise error
 
     def _check_applies(self, name: str, t: Term, node: Node) -> None:
         """A ruleset called on a term none of its rules can match anywhere returns it unchanged,
@@ -569,8 +629,8 @@ class Elaborator:
         known = list(self.clauses) + list(FUNCTIONS)
         if self.rulebook is not None:
             known += self.rulebook.operator_names() + self.rulebook.ruleset_names()
-        close = difflib.get_close_matches(name, known, n=1)
-        return "; did you mean %r?" % close[0] if close else ""
+        close = close_name(name, known)
+        return "; did you mean %r?" % close if close else ""
 
     def _call_definition(self, name: str, args: list, node: Node):
         key = (name, tuple(args))

@@ -34,6 +34,15 @@ FUNCTION_ALIASES = {
     "identity": "eye(n) is the identity of dim n",
     "sum": "a sum is written with +",
     "T": "X^t is the transpose of X",
+    # names that are a few letters from an fdsl name of another meaning (norm, normal; diag,
+    # diagram): said here, so that no spelling hint offers the other
+    "norm": "the squared Frobenius norm of A is trace(A^t A) (there is no norm function)",
+    "diag": "the diagonal of a square A, as a matrix, is eye(n) * A (there is no diag function)",
+    "mean": "rowmean(X) is the mean of each row (a column)",
+    "var": "rowvar(X) is the variance of each row (a column)",
+    "log_softmax": "logsoftmax(X) is the row-wise log-softmax",
+    "layer_norm": "layernorm(X) normalises each row",
+    "LayerNorm": "layernorm(X) normalises each row",
 }
 
 # The words that start a statement: declarations and commands.
@@ -45,6 +54,33 @@ _TRANSPOSE = "transpose is written ^t (a lower-case t): X^t"
 def function_hint(name: str) -> Optional[str]:
     """What to write for a function known under another name (``softmax`` -> ``a``)."""
     return FUNCTION_ALIASES.get(name)
+
+
+def close_name(name: str, known) -> Optional[str]:
+    """The name of ``known`` that ``name`` is a slip of the keys for, or None: the same but for case,
+    or one letter added, dropped, changed, or two neighbours swapped (``Eq`` -> ``E``, ``nromal`` ->
+    ``normal``). Closeness of spelling alone is not closeness of meaning: a name that is only the
+    start of a longer one (``norm``, ``normal``; ``diag``, ``diagram``) is another word, not a slip."""
+    lower = name.lower()
+    slips = [other for other in known if other != name
+             and (other.lower() == lower or (max(len(name), len(other)) > 1 and _one_slip(lower, other.lower())))]
+    # (two one-letter names are one letter apart, and no slip: X for Y)
+    return min(slips, key=lambda other: other.lower() != lower) if slips else None
+
+
+def _one_slip(a: str, b: str) -> bool:
+    """One letter inserted, deleted or changed, or two neighbouring letters swapped, turns a into b."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    if len(a) == len(b):
+        swapped = i + 1 < len(a) and a[i] == b[i + 1] and a[i + 1] == b[i] and a[i + 2:] == b[i + 2:]
+        return swapped or a[i + 1:] == b[i + 1:]
+    return a[i:] == b[i + 1:]
 
 
 def keyword_hint(word: str) -> Optional[str]:

@@ -48,7 +48,9 @@ class Program(Elaborator):
         self.filename = filename
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
         self.effects: list = []
-        self.options = {"trace": False, "step_limit": None, "size_limit": None, "time_limit": None}
+        # unchecked: rule files are loaded without the numerical check of their rules (--unchecked)
+        self.options = {"trace": False, "step_limit": None, "size_limit": None, "time_limit": None,
+                        "unchecked": False}
         self.trace_out = sys.stderr
         self.values = None  # the numpy backend's symbol values, when given
         self.last_shown = None  # the value the last show printed (the repl's _)
@@ -147,8 +149,12 @@ class Program(Elaborator):
     # ---- rules -------------------------------------------------------------------------------
 
     def load_rules(self, path) -> None:
-        """Load a rule file into this program's rule book (its rulesets become functions)."""
-        self.rulebook.load(Path(path))
+        """Load a rule file into this program's rule book (its rulesets become functions), checked
+        numerically unless the option ``unchecked`` is set (``--unchecked``); what the check could
+        not hold is said on ``trace_out``."""
+        self.rulebook.load(Path(path), checked=not self.options.get("unchecked"))
+        for note in self.rulebook.notes:
+            self.trace_out.write(note + "\n")
         self._memo.clear()
 
     def apply_rules(self, name: str, value, check: Optional[bool] = None):
@@ -253,20 +259,22 @@ def _limits(step_limit, size_limit, time_limit) -> dict:
 
 
 def parse(text: str, filename: str = "<string>", base_dir=None, step_limit=None, size_limit=None,
-          time_limit=None) -> Program:
+          time_limit=None, unchecked: bool = False) -> Program:
     """Elaborate program text; its statements' effects wait for ``Program.run``. ``step_limit``,
     ``size_limit``, ``time_limit``: the program's, as ``--step-limit``, ``--size-limit`` and
-    ``--time-limit`` give them (None: the defaults of ``fdsl.base.limits``)."""
+    ``--time-limit`` give them (None: the defaults of ``fdsl.base.limits``); ``unchecked``: its rule
+    files are loaded without the numerical check of their rules, as ``--unchecked``."""
     program = Program(filename, base_dir)
-    program.options.update(_limits(step_limit, size_limit, time_limit))
+    program.options.update(_limits(step_limit, size_limit, time_limit), unchecked=bool(unchecked))
     program.feed(text, filename)
     return program
 
 
-def load(path, rules=(), setup=None, step_limit=None, size_limit=None, time_limit=None) -> Program:
+def load(path, rules=(), setup=None, step_limit=None, size_limit=None, time_limit=None,
+         unchecked: bool = False) -> Program:
     """Read and elaborate a ``.fd`` file, or standard input for ``"-"`` (``rules``: extra rule
     files to load first; ``setup``: called with the program before it runs, e.g. to give it
-    values for its ``eval`` statements; ``step_limit``, ``size_limit``: as ``parse``'s)."""
+    values for its ``eval`` statements; ``step_limit``, ``size_limit``, ``unchecked``: as ``parse``'s)."""
     from ..base.inputs import MAX_SOURCE_BYTES, read_source
 
     if str(path) == "-":  # the usual spelling of standard input; its relative paths are the cwd's
@@ -284,7 +292,7 @@ def load(path, rules=(), setup=None, step_limit=None, size_limit=None, time_limi
         text = read_source(path, "file")  # the path leads the message: "x.fd: cannot read this file: ..."
         filename, base_dir = str(path), path.parent
     program = Program(filename, base_dir)
-    program.options.update(_limits(step_limit, size_limit, time_limit))
+    program.options.update(_limits(step_limit, size_limit, time_limit), unchecked=bool(unchecked))
     for r in rules:
         program.load_rules(r)
     if setup is not None:

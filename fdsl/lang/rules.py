@@ -22,6 +22,7 @@ guard predicates, unknown rulesets in ``includes`` and strategies, and malformed
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -30,6 +31,7 @@ from pathlib import Path
 from lark import v_args
 from lark.exceptions import UnexpectedInput, VisitError
 
+from ..base import assembly
 from ..base.errors import FdslError
 from ..base.inputs import read_source
 from ..base.resources import stdlib_dir
@@ -318,28 +320,60 @@ class RuleBook:
         self.operators: dict[str, str] = {}
         self.builtins = BUILTIN_STRATEGIES  # the strategies written in Python, by name
         self.engine = Engine(self)
-        if stdlib:
-            self.load(*sorted(stdlib_dir().glob("*.rules")))
+        # the digest of every user file this book has loaded, in order (the stdlib's excluded): what a
+        # soundness check of the next file is keyed by, since a file may use an earlier one's operators
+        self.digest = hashlib.sha256()
+        self._texts: dict = {}  # shown path -> text of the user files the current load reads
+        if stdlib:  # (the stdlib is sound: tests/test_rules_check.py holds every rule of it)
+            self.load(*sorted(stdlib_dir().glob("*.rules")), checked=False)
 
     # ---- loading
 
-    def load(self, *paths) -> None:
-        """Load rule files (and what they import); all of them or, on an error, none of them."""
+    def load(self, *paths, checked: bool = True) -> None:
+        """Load rule files (and what they import); all of them or, on an error, none of them.
+        ``checked``: hold each new rule of a user's file numerically, as ``fdsl rules --check`` does
+        (``fdsl.verify.check.check_loaded``), and refuse the files at the first unsound rule;
+        False (``--unchecked``) skips that knowingly."""
         # what to go back to if a file fails (rulesets are copied: loading appends to them)
         snapshot = ({k: Ruleset(v.name, list(v.rules), list(v.includes), list(v.excepts), v.file, v.line)
                      for k, v in self.rulesets.items()},
-                    dict(self.strategies), dict(self.rule_names), list(self.files), dict(self.operators))
+                    dict(self.strategies), dict(self.rule_names), list(self.files), dict(self.operators),
+                    self.digest.copy())
+        before = set(self.rule_names)
+        self._texts = {}
+        self.notes = []  # what the last load has to say (rules it did not check): Program prints them
         try:
             for path in paths:
                 self._load(Path(path), importer=None)
             self._check_references()
+            new = [r for k, r in self.rule_names.items() if k not in before]
+            if checked and new and self._texts:
+                self._check_soundness(new)
         except FdslError:
             # (operators the failed files registered stay in the process's table, unused by this
             # book: a term may already hold them, and the same declaration again reuses them)
-            self.rulesets, self.strategies, self.rule_names, self.files, self.operators = snapshot
+            (self.rulesets, self.strategies, self.rule_names, self.files, self.operators,
+             self.digest) = snapshot
             raise
         finally:
+            self._texts = {}
             self.engine.reset()
+
+    def _check_soundness(self, rules) -> None:
+        """Hold the newly loaded rules numerically (a note for those beyond the checker's bound);
+        an unsound one is an error at its line, with the source of its file."""
+        check = assembly.rule_checker()
+        if check is None:  # a rule book used without the composition root: nothing to check with
+            return
+        try:
+            note = check(rules, self.digest.hexdigest())
+        except FdslError as e:
+            text = self._texts.get(e.file)
+            if text is not None and e.line is not None:
+                e.source = text
+            raise
+        if note:
+            self.notes.append(note)
 
     def _load(self, path: Path, importer, chain=()):
         resolved = str(path.resolve())
@@ -349,6 +383,9 @@ class RuleBook:
             return None
         text = read_source(path, "rule file")
         mtime = path.stat().st_mtime
+        if not _in_stdlib(path):
+            self.digest.update(hashlib.sha256(text.encode()).digest())
+            self._texts[_display_path(path)] = text
         self.files.append(resolved)
         cached = _PARSED.get(resolved)
         if cached is None or cached[0] != mtime:
@@ -585,7 +622,7 @@ class RuleBook:
                 raise FdslError("predicate %s takes one argument" % pred, display, line, col)
             guards.append((negated, pred, gargs[0]))
         source = " ".join(lines[item["line"] - 1].split())
-        rule = Rule(name, lhs, rhs, tuple(guards), display, item["line"], ruleset, source)
+        rule = Rule(name, lhs, rhs, tuple(guards), display, item["line"], ruleset, source, item.get("col") or 0)
         self.rule_names[(ruleset, name)] = rule
         return rule
 
@@ -829,14 +866,15 @@ def _latex_head(text):
     return r"\operatorname{%s}" % "".join(_LATEX_SPECIAL.get(c, c) for c in text)
 
 
-def _display_path(path: Path) -> str:
+def _in_stdlib(path: Path) -> bool:
     try:
-        std = stdlib_dir()
-        if path.resolve().parent == std.resolve():
-            return "stdlib/" + path.name
+        return path.resolve().parent == stdlib_dir().resolve()
     except FileNotFoundError:
-        pass
-    return str(path)
+        return False
+
+
+def _display_path(path: Path) -> str:
+    return "stdlib/" + path.name if _in_stdlib(path) else str(path)
 
 
 def _ops(p):

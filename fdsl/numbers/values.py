@@ -393,10 +393,22 @@ def _random(program, st):
     random_values(program, as_int(seed, "a seed"))
 
 
+_LOOSER_THAN_A_PRODUCT = ("add", "sub", "neg", "hadamard", "div")  # the operators juxtaposition binds tighter than
+
+
 @statement("save", 'save "FILE.npz" EXPR  or  save "FILE.csv" RUN[, RUN...]', "write the value of EXPR (an array, "
            "or gradients by name) to an .npz file; the logs of training runs (e = train(...)) to a CSV file")
 def _save(program, st):
     items = list(st.items)
+    if items and items[0].kind in _LOOSER_THAN_A_PRODUCT:
+        # save "x.npz" X + Y reads as ("x.npz" X) + Y: the file name binds to the first factor only
+        spine = items[0]
+        while spine.kind in _LOOSER_THAN_A_PRODUCT or spine.kind == "mul":
+            spine = spine.args[0]
+        if spine.kind == "string":
+            raise FdslError('the expression after the file name needs parentheses: save "%s" (...) with the '
+                            'whole expression inside them; without, the name reads as a factor of its first '
+                            'term, "%s" X + Y as ("%s" X) + Y' % ((spine.value,) * 3), line=spine.line, col=spine.col)
     if items and items[0].kind == "mul" and _leftmost(items[0]).kind == "string":
         # save "g.npz" grad(w) parses as a product of the string and the value: split it
         items = _split_leading_string(items[0]) + items[1:]

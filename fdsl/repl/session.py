@@ -189,6 +189,14 @@ def _trace(session, arg):
     session.say("trace is %s" % ("on" if session.program.options["trace"] else "off"))
 
 
+@command(":check on|off", "check a rule file's rules numerically as it is loaded (on), or not (off: --unchecked)")
+def _check(session, arg):
+    unchecked = session.program.options.get("unchecked")
+    on = _switch(arg, not unchecked, "check", ("on", "off"))
+    session.program.options["unchecked"] = not on
+    session.say("check is %s" % ("on" if on else "off: rule files load without the numerical check of their rules"))
+
+
 @command(":pager on|off|auto", "long output: page it (on), cut it with a note (off), page when possible (auto)")
 def _pager(session, arg):
     if arg:

@@ -73,6 +73,7 @@ class Rule:
     line: int
     ruleset: str
     source: str = ""  # the rule as written in its file
+    col: int = 0  # where it starts on its line (1-based; 0: unknown)
 
     def where(self) -> str:
         return "%s:%d" % (self.file, self.line)

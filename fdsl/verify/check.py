@@ -659,6 +659,53 @@ def check_rule(rule: Rule, trials: int = 20, seed: int = 0) -> Verdict:
     return Verdict(rule, "sound", done, worst)
 
 
+# ---- on load: a user's rule file is checked as it is read --------------------------------------
+
+LOAD_TRIALS = 20  # as fdsl rules --check: a rule of the stdlib's kind costs about 10 ms
+# Distinct rules (the same sides and guards under another name count once) checked per load: about
+# 2 s at most for ordinary rules; a file with more says which it left unchecked. Each rule's own
+# work is bounded too (LOAD_TRIALS * ATTEMPTS_PER_TRIAL instances at most).
+MAX_CHECKED_ON_LOAD = 200
+_LOADED: dict = {}  # sha256 of the user files' contents -> the note of a load that passed
+
+
+def check_loaded(rules, key: str) -> Optional[str]:
+    """Hold rules just loaded from a user's file (``fdsl.lang.rules.RuleBook.load``): an FdslError
+    at the first unsound one, naming the instance on which its two sides differ; else a note for the
+    rules left unchecked (none could be generated, or beyond MAX_CHECKED_ON_LOAD), or None. ``key``
+    is the digest of the files' contents: the same files pass again without a second check."""
+    if key in _LOADED:
+        return _LOADED[key]
+    seen, skipped, beyond = set(), [], []
+    for rule in rules:
+        sides = (str(rule.lhs), str(rule.rhs), tuple(str(g) for g in rule.guards))
+        if sides in seen:
+            continue
+        if len(seen) >= MAX_CHECKED_ON_LOAD:
+            beyond.append(rule)
+            continue
+        seen.add(sides)
+        verdict = check_rule(rule, LOAD_TRIALS)
+        if verdict.status == "UNSOUND":
+            raise FdslError("rule %s is unsound: %s. Fix the rule, or load the file "
+                            "with --unchecked (unchecked=True in the API, :check off in the repl) to use "
+                            "it as it is" % (rule.name, verdict.reason), rule.file, rule.line, rule.col or None)
+        if verdict.status == "skipped":
+            skipped.append(rule)
+    notes = []
+    if skipped:
+        notes.append("%d rule%s could not be checked numerically (%s): fdsl rules --check %s says why"
+                     % (len(skipped), "" if len(skipped) == 1 else "s", ", ".join(r.name for r in skipped[:5])
+                        + (", ..." if len(skipped) > 5 else ""), skipped[0].file))
+    if beyond:
+        notes.append("%d rules were not checked numerically, beyond the %d distinct rules checked when a file "
+                     "is loaded (the first is %s at %s): fdsl rules --check %s checks them all"
+                     % (len(beyond), MAX_CHECKED_ON_LOAD, beyond[0].name, beyond[0].where(), beyond[0].file))
+    note = "note: " + "; ".join(notes) if notes else None
+    _LOADED[key] = note
+    return note
+
+
 def _stable_hash(name: str) -> int:
     import zlib
 
@@ -671,7 +718,7 @@ def rules_to_check(program, files) -> list:
     before = set(book.rule_names)
     if files:
         loaded = set(book.files)
-        book.load(*[Path(f) for f in files])
+        book.load(*[Path(f) for f in files], checked=False)  # (checked below, every rule, with a verdict each)
         # a file the stdlib loaded already (fdsl rules --check stdlib/d.rules) is checked all the same
         again = {str(Path(f).resolve()) for f in files} & loaded
         return [r for n, r in book.rule_names.items() if n not in before or _rule_file(r) in again]
