@@ -1024,6 +1024,15 @@ def test_a_rule_file_name_with_an_escape_sequence_is_printed_escaped(tmp_path, c
     assert "a\\x1b]0;owned\\x07b\\x1b[2J.rules:2" in proc.stdout, proc.stdout[-1000:]
 
 
+def test_a_trace_names_a_rule_file_escaped(tmp_path):
+    """``--trace`` prints each step with its rule's file: a name with ESC and BEL is shown escaped."""
+    (tmp_path / (_ESC + ".rules")).write_text(_RULE)
+    (tmp_path / "p.fd").write_text("dim n = 2\nconst X : n x n\nshow simplify(m(m(X)))\n")
+    proc, _ = _run_capped(["run", "p.fd", "--rules", _ESC + ".rules", "--trace"], tmp_path)
+    _clean(proc)
+    assert "[r1 a\\x1b]0;owned\\x07b\\x1b[2J.rules:2]" in proc.stderr, proc.stderr[-1000:]
+
+
 def _members(path: Path, *names: str) -> None:
     """An .npz archive holding a 2 x 2 array under each member name (repeats kept, as zip allows)."""
     import io

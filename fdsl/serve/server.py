@@ -383,8 +383,8 @@ def serve(options: Options, host: str = "127.0.0.1", port: int = 8765, open_brow
         if host not in ("127.0.0.1", "localhost", "::1"):
             say("fdsl serve: warning: listening on %s, not only on this machine (127.0.0.1): anyone who "
                 "can reach it and has the URL's token can run programs here" % host, err)
-        out.write("fdsl serve: %s\n" % server.url)
-        out.write("(the token in the URL is the key; Ctrl-C stops the server)\n")
+        say("fdsl serve: %s" % server.url, out)
+        say("(the token in the URL is the key; Ctrl-C stops the server)", out)
         out.flush()
         if open_browser:
             import webbrowser
