@@ -1030,6 +1030,36 @@ def test_a_rule_file_name_with_an_escape_sequence_is_printed_escaped(tmp_path, c
     assert "a\\x1b]0;owned\\x07b\\x1b[2J.rules:2" in proc.stdout, proc.stdout[-1000:]
 
 
+_READERS = {  # each argument that names a file to read, given a name of bytes that are not UTF-8
+    "run": lambda name: ["run", name + ".fd"],
+    "run-rules": lambda name: ["run", "p.fd", "--rules", name + ".rules"],
+    "grad-values": lambda name: ["grad", "p.fd", "--form", "w", "--out", "g.npz", "--values", name + ".npz"],
+    "rules": lambda name: ["rules", name + ".rules"],
+    "rules-check": lambda name: ["rules", "--check", name + ".rules"],
+    "serve": lambda name: ["serve", name + ".fd", "--port", "0"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(_READERS))
+def test_an_input_name_that_is_not_utf8_is_named_escaped(tmp_path, command):
+    """A missing input named with a byte that is not UTF-8 and an ESC: exit 2, the name escaped in
+    the message (``in\\xff\\x1b``), no traceback."""
+    (tmp_path / "p.fd").write_text(_FORM)
+    proc, _ = _run_capped(_READERS[command](os.fsdecode(b"in\xff\x1b")), tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "in\\xff\\x1b." in proc.stderr and "no such file" in proc.stderr, proc.stderr
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", proc.stderr), repr(proc.stderr)
+
+
+def test_a_trace_names_a_rule_file_escaped(tmp_path):
+    """``--trace`` prints each step with its rule's file: a name with ESC and BEL is shown escaped."""
+    (tmp_path / (_ESC + ".rules")).write_text(_RULE)
+    (tmp_path / "p.fd").write_text("dim n = 2\nconst X : n x n\nshow simplify(m(m(X)))\n")
+    proc, _ = _run_capped(["run", "p.fd", "--rules", _ESC + ".rules", "--trace"], tmp_path)
+    _clean(proc)
+    assert "[r1 a\\x1b]0;owned\\x07b\\x1b[2J.rules:2]" in proc.stderr, proc.stderr[-1000:]
+
+
 def _members(path: Path, *names: str) -> None:
     """An .npz archive holding a 2 x 2 array under each member name (repeats kept, as zip allows)."""
     import io

@@ -84,6 +84,31 @@ def test_diagram_goes_to_a_temporary_file_unless_told(tmp_path):
     assert "diagram-" in first and str(tmp_path) not in first
 
 
+def test_diagram_draws_in_a_private_folder_that_cannot_be_planted(tmp_path):
+    """Another user of the temp folder made ``fdsl-UID`` first (as a link to their folder, or a
+    folder anyone may write): the repl does not use it, and draws in a folder of its own, of a name
+    no one can guess, mode 0700 (issue 30, item 9: before, :diagram refused to draw)."""
+    import stat
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (shared / ("fdsl-%d" % os.getuid())).symlink_to(theirs)
+    (shared / "fdsl").mkdir(mode=0o777)
+    env = dict(os.environ, PYTHONPATH=str(REPO), FDSL_PROGRESS="0", TMPDIR=str(shared))
+    r = subprocess.run([sys.executable, "-m", "fdsl", "repl"], input=DECLS + ":diagram x\n:diagram x\n", cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    written = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("wrote ")]
+    assert len(written) == 2 and all(os.path.isfile(w) for w in written), r.stdout
+    folder = os.path.dirname(written[0])
+    assert os.path.dirname(written[1]) == folder and os.path.dirname(folder) == str(shared), written
+    assert os.path.basename(folder).startswith("fdsl-diagrams-") and not os.path.islink(folder)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert not list(theirs.iterdir()) and not list((shared / "fdsl").iterdir())  # nothing in the planted ones
+
+
 def test_piped_errors_name_their_real_line():
     r = repl("dim n\nconst A : n x n\n\nshow A\nshow B\ny = (A +\n  C)\n")
     assert r.returncode == 2

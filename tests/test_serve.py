@@ -158,7 +158,7 @@ def test_a_program_writes_only_in_its_own_folder(server, session, tmp_path):
 @pytest.mark.parametrize("statement", ['values "/etc/passwd"', 'rules "/etc/hostname"', ":load /etc/hostname"])
 def test_a_program_reads_nothing_outside_its_folders(server, session, statement):
     reply = run(server, session["id"], statement)
-    assert not reply["ok"] and "may read only inside" in texts(reply, ("error",)), reply
+    assert not reply["ok"] and "outside the session's folders" in texts(reply, ("error",)), reply
     assert server.alive()
 
 

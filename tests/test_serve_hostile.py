@@ -7,6 +7,7 @@ Each server here is started as a person starts it, some under an address-space l
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import stat
@@ -333,3 +334,158 @@ def test_a_server_under_a_limit_reports_no_traceback(limited):
     finally:
         os.set_blocking(fd, True)
     assert b"Traceback" not in text, text
+
+
+# ---- what a page may read (item 4): the served file's folder without its hidden files, and no more
+
+
+@pytest.fixture(scope="module")
+def confined(tmp_path_factory):
+    """A server of ``home/proj/model.fd`` (HOME is ``home``), beside secrets a page must not read:
+    hidden files and folders of ``proj``, and files above it. The program loads a values file and a
+    rule file of its folder, which must still work."""
+    import numpy as np
+
+    home = tmp_path_factory.mktemp("home")
+    proj = home / "proj"
+    (proj / ".git").mkdir(parents=True)
+    (proj / "data").mkdir()
+    (home / ".env").write_text("TOKEN=home-secret\n")
+    (proj / ".env").write_text("TOKEN=proj-secret\n")
+    (proj / ".git" / "config").write_text('[remote "origin"]\n\turl = https://user:secret@example.com/x\n')
+    (proj / "data" / ".secret").write_text("hidden inside a visible folder\n")
+    (home / "x").write_text("above the served folder\n")
+    with open(home / "big", "wb") as f:  # 100 MB without taking the disk: only its size tells
+        f.truncate(100 << 20)
+    os.symlink(home / "x", proj / "up")  # a link out of the folder
+    os.symlink(proj / ".env", proj / "plain")  # a link to a hidden file
+    np.savez(proj / "vals.npz", X=np.eye(2))
+    (proj / "extra.rules").write_text("ruleset extra\nrule swap: m(m(?A)) => m(?A)\n")
+    (proj / "uses.rules").write_text('import "extra"\nimport "d"\n')  # beside it, and the stdlib
+    for i, target in enumerate(TARGETS):
+        (proj / ("imports%d.rules" % i)).write_text('import "%s"\n' % target(home).replace("\\", "/"))
+    (proj / "model.fd").write_text('dim n = 2\nconst X : n x n\nvalues "vals.npz"\nrules "extra.rules"\n'
+                                   "show eval(trace(X))\n")
+    s = Served(str(proj / "model.fd"), env={"HOME": str(home)})
+    code, reply = s.post("api/session", {})
+    assert code == 200, reply
+    yield s, reply, home
+    s.stop()
+
+
+# each path a page may not look at, as a function of HOME: what is there varies (a hidden file or
+# folder, a file above, a link out or to a hidden file, a device, a folder, a big file, nothing)
+TARGETS = [lambda h: str(h / "proj" / ".env"), lambda h: str(h / "proj" / ".git" / "config"),
+           lambda h: str(h / "proj" / ".git"), lambda h: str(h / "proj" / "data" / ".secret"),
+           lambda h: str(h / "proj" / ".nothing"), lambda h: str(h / "proj" / "up"),
+           lambda h: str(h / "proj" / "plain"), lambda h: str(h / "proj" / ".." / "x"), lambda h: str(h / "x"),
+           lambda h: str(h / "big"), lambda h: str(h / "nothing"), lambda h: str(h), lambda h: "~/.env",
+           lambda h: "/etc/passwd", lambda h: "/dev/zero", lambda h: "/etc", lambda h: "/no/such/folder/x"]
+TARGET_IDS = ["hidden", "git-config", "hidden-folder", "hidden-in-folder", "hidden-nothing", "link-out",
+              "link-to-hidden", "dotdot", "above", "big", "nothing-above", "folder-above", "tilde", "passwd",
+              "device", "folder", "nothing"]
+OUTSIDE = "it is outside the session's folders"
+
+
+def _errors(reply) -> str:
+    return "\n".join(i["text"] for i in reply["items"] if i["kind"] == "error")
+
+
+@pytest.mark.parametrize("statement", ['values "%s"', 'rules "%s"', ":load %s"], ids=["values", "rules", "load"])
+def test_a_path_outside_gets_one_refusal_whatever_is_there(confined, statement):
+    """Each path above, named by a statement or a command, is refused with the same words: not a
+    word of whether it exists, is a folder, a device, a big or a hidden file (before, ``os.stat``
+    ran first, and the hidden files of the served folder were read)."""
+    s, first, home = confined
+    said = {}
+    for target in TARGETS:
+        path = target(home)
+        if path.startswith("~") and not statement.startswith(":"):
+            continue  # only :load expands ~ (in a statement it is a folder of the session's own)
+        reply = s.post("api/run", {"id": first["id"], "input": statement % path})[1]
+        assert not reply["ok"], (path, reply)
+        said[path] = _errors(reply).replace(path.replace("~", str(home), 1), "PATH").replace(path, "PATH")
+    assert len(set(said.values())) == 1, said
+    text = set(said.values()).pop()
+    assert OUTSIDE in text and "secret" not in text and "Traceback" not in text, text
+
+
+def test_an_import_outside_gets_the_same_refusal(confined):
+    """A rule file of the served folder that imports one of the paths: refused at its import, in
+    the same words whatever is there."""
+    s, first, home = confined
+    said = set()
+    for i, target in enumerate(TARGETS):
+        if target(home).startswith("~"):
+            continue
+        importer = str(home / "proj" / ("imports%d.rules" % i))
+        reply = s.post("api/run", {"id": first["id"], "input": 'rules "%s"' % importer})[1]
+        assert not reply["ok"], reply
+        said.add(_errors(reply).replace(importer, "IMPORTER").replace(target(home).replace("\\", "/"), "PATH"))
+    assert len(said) == 1 and OUTSIDE in said.pop(), "\n\n".join(said)
+
+
+def test_what_the_program_needs_is_still_read(confined):
+    """The served file, its values file and rule file, another rule file beside it importing one
+    beside it and one of the stdlib, a file of the session's own folder: all read; a missing file
+    inside the served folder is said to be missing."""
+    s, first, home = confined
+    proj = home / "proj"
+    assert "2" in "\n".join(i.get("text", "") for i in first["items"]) and not _errors(first), first
+    sid = first["id"]
+
+    def ok(text):
+        reply = s.post("api/run", {"id": sid, "input": text})[1]
+        assert reply["ok"], (text, reply)
+        return reply
+
+    ok('values "%s"' % (proj / "vals.npz"))
+    ok('rules "%s"' % (proj / "uses.rules"))
+    ok('save "mine.npz" X')
+    ok('values "mine.npz"')  # relative: the session's own folder
+    reply = s.post("api/reset", {"id": sid})[1]  # the served file loaded again
+    assert reply["ok"] and [i["text"] for i in reply["items"]] == ["2"], reply
+    reply = s.post("api/run", {"id": sid, "input": 'values "%s"' % (proj / "missing.npz")})[1]
+    assert "no such file" in _errors(reply), reply
+
+
+# ---- names that are not file names (item 7): a lone surrogate in a request
+
+
+@pytest.mark.parametrize("statement", ['values "%s.npz"', 'rules "%s.rules"', ":load %s.fd", 'save "%s.npz" X',
+                                       'diagram(X, "%s.svg")', 'plot(X, "%s.png")'],
+                         ids=["values", "rules", "load", "save", "diagram", "plot"])
+def test_a_lone_surrogate_in_a_path_is_refused_with_a_message(confined, statement):
+    """A JSON request may carry "\\ud800", which no file name can hold: each place a session takes a
+    path says so (before, "internal error, a bug in fdsl" for rules and :load, numpy's encoding
+    error for values); the session goes on."""
+    s, first, _ = confined
+    reply = s.post("api/run", {"id": first["id"], "input": statement % "a\ud800b"})[1]
+    text = _errors(reply)
+    assert not reply["ok"] and "internal error" not in text and "Traceback" not in text, reply
+    if not statement.startswith("plot"):  # plot may say first that matplotlib is missing
+        assert "a lone surrogate" in text and "a\\ud800b" in text, text
+    assert s.post("api/run", {"id": first["id"], "input": "1 + 1"})[1]["ok"]
+
+
+def test_a_name_that_is_not_utf8_is_written_and_shown_escaped(confined):
+    """``\\udcff`` is the byte 0xff of a name that is not UTF-8: written under that byte, said as
+    ``\\xff``, and every text of the reply is printable (no lone surrogate reaches the page)."""
+    s, first, _ = confined
+    reply = s.post("api/run", {"id": first["id"], "input": 'diagram(X, "a\udcff.svg")\nshow "\x1b[2J\ud800"'})[1]
+    assert reply["ok"], reply
+    texts = [i.get("text", i.get("caption")) for i in reply["items"]]
+    assert any("wrote a\\xff.svg" in t for t in texts) and any("\\x1b[2J\\ud800" in t for t in texts), texts
+    assert not any(re.search("[\x00-\x08\x0b-\x1f\ud800-\udfff]", t) for t in texts), texts
+
+
+def test_a_served_file_whose_name_is_not_utf8_is_loaded_and_named_escaped(tmp_path):
+    name = os.fsdecode(b"m\xff.fd")
+    (tmp_path / name).write_text("dim n = 2\nshow 1 + 1\n")
+    s = Served(str(tmp_path / name))
+    try:
+        code, reply = s.post("api/session", {})
+        assert code == 200 and reply["file"] == "m\\xff.fd" and not _errors(reply), reply
+        assert reply["items"] and reply["items"][0]["text"] == "2", reply
+    finally:
+        s.stop()

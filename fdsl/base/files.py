@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import FdslError, say
-from .inputs import kind_of, pseudo, was_read
+from .inputs import check_name, kind_of, pseudo, was_read
 
 
 @dataclass
@@ -95,8 +95,7 @@ def target_of(path):
     are the command's inputs, read-only files and the pseudo file systems (see ``target``)."""
     if str(path) in ("", "."):
         raise FdslError("an output file needs a name, not an empty path", file="<output>")
-    if "\0" in str(path):
-        raise FdslError("a file name cannot hold a NUL character", file=repr(str(path)))
+    check_name(path, "write this file")  # a NUL, or a lone surrogate (a JSON request's)
     try:
         top = pseudo(str(path))
         real = Path(os.path.realpath(path))
@@ -128,8 +127,7 @@ def confine(folder, name: str, what: str = "a program", absolute: bool = False) 
     """The path ``name`` (as a program wrote it) names inside ``folder``; an FdslError if it is
     absolute (unless ``absolute``: the repl's typed path, which must still lead inside), climbs out
     with ``..``, or leads out through a link (a folder or the file itself)."""
-    if "\0" in name:
-        raise FdslError("a file name cannot hold a NUL character")
+    check_name(name, "write %r" % name)
     where = "%s writes only inside its own folder (%s)" % (what, Path(folder).resolve())
     if (os.path.isabs(name) and not absolute) or name.startswith("~"):
         raise FdslError("cannot write %r: %s; write a name relative to it" % (name, where))

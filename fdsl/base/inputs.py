@@ -10,6 +10,10 @@ budget      the memory an allocation may take: half of what the system reports a
             holds its operands and its result at once. Arrays (values read from files, random
             values, results of evaluation) are checked against it before they are made, so a huge
             dim is a message instead of a MemoryError or the machine swapping.
+gate        the confinement of the paths a program names, where one is set (``fdsl serve``'s
+            worker: ``fdsl.serve.confine``): ``admit`` passes a path through it before anything
+            looks at the path (stat, exists, open), so a path outside gets one message, the same
+            whether it exists or not, is a folder, a device, a big file or a hidden one.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import resource
 import stat
 from pathlib import Path
 
-from .errors import FdslError
+from .errors import FdslError, printable
 
 MAX_SOURCE_BYTES = 64 * 1024 * 1024  # a program or rule file larger than this is not a program
 
@@ -51,6 +55,43 @@ def pseudo(path: str):
         current = os.path.join(os.path.realpath(os.path.dirname(current)), os.readlink(current))
 
 
+# the confinement of the paths a program names (None: any path may be looked at): gate(path, what)
+# raises an FdslError for a path outside; set in a session's worker by fdsl.serve.confine
+_GATE = None
+
+# the whole of what a path outside the gate is told, whatever is there
+OUTSIDE = "it is outside the session's folders"
+
+
+def set_gate(gate) -> None:
+    global _GATE
+    _GATE = gate
+
+
+def check_name(path, doing: str) -> None:
+    """An FdslError if ``path`` cannot be a file name: a NUL character, or a lone surrogate that no
+    file system encoding writes (``\\ud800``, which a JSON request may carry; ``\\udcff``, a byte
+    of a name that is not UTF-8, is that byte and is a name). ``doing``: "read this values file"..."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        return
+    if "\0" in text:
+        raise FdslError("cannot %s: a file name cannot hold a NUL character" % doing, file=repr(text))
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError as e:
+        raise FdslError("cannot %s: a file name cannot hold %s, a lone surrogate (no file system can write one)"
+                        % (doing, printable(text[e.start:e.end])), file=text) from None
+
+
+def admit(path, what: str) -> None:
+    """Before anything looks at ``path`` (a ``what`` to read: "rule file", "values file"...): an
+    FdslError if it cannot be a file name, or if the gate, where one is set, refuses it."""
+    check_name(path, "read this %s" % what)
+    if _GATE is not None:
+        _GATE(path, what)
+
+
 # (device, inode, time of change) of every program, rule file and values file this process has read: outputs never
 # replace one of them (fdsl/base/files.py), whatever name or link leads there
 _READ: set = set()
@@ -72,9 +113,8 @@ def was_read(st: os.stat_result) -> bool:
 
 def regular_file(path, what: str) -> os.stat_result:
     """The status of ``path`` if it is a regular file (symlinks followed); else an FdslError. The
-    file is remembered as an input, which no output may replace."""
-    if "\0" in str(path):
-        raise FdslError("cannot read this %s: a file name cannot hold a NUL character" % what, file=repr(str(path)))
+    file is remembered as an input, which no output may replace. The path passes the gate first."""
+    admit(path, what)
     try:
         st = os.stat(path)
     except FileNotFoundError:

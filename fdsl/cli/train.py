@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..base.errors import FdslError
+from ..base.errors import FdslError, say
 from .common import FILE_HELP, add_value_options, load_with_values
 
 
@@ -30,17 +30,18 @@ def _cmd_train(args) -> int:
     trainer = Trainer(program, w, args.form, watch_terms(program, args.watch or ()))
     check_given(program, trainer.terms, args.values, drawn=args.random is not None)
     if not trainer.dual.euclidean:
-        print("metric: %s" % trainer.dual.describe())
+        say("metric: %s" % trainer.dual.describe())
 
     def report(step, loss):
-        print(trainer.line(step, loss), flush=True)
+        say(trainer.line(step, loss))
+        sys.stdout.flush()
 
     try:
         curve = trainer.run(args.steps, args.lr, every, report)
     except FdslError as e:
         e.file = e.file or args.file
         raise
-    print(_summary(trainer, curve, args.steps, args.lr))
+    say(_summary(trainer, curve, args.steps, args.lr))
     effects = []
     if args.out:
         values = dict(trainer.values)

@@ -33,7 +33,7 @@ from lark.exceptions import UnexpectedInput, VisitError
 
 from ..base import assembly
 from ..base.errors import FdslError
-from ..base.inputs import read_source
+from ..base.inputs import admit, read_source
 from ..base.resources import stdlib_dir
 from ..calculus.backprop import backprop, normal
 from ..calculus.forms import order
@@ -376,6 +376,7 @@ class RuleBook:
             self.notes.append(note)
 
     def _load(self, path: Path, importer, chain=()):
+        admit(path, "rule file")  # before resolve() looks at it: the confinement's answer comes first
         resolved = str(path.resolve())
         if resolved in [r for r, _ in chain]:  # chain: (file, shown as) whose imports are loading
             return resolved
@@ -406,7 +407,10 @@ class RuleBook:
         for item in items:
             kind = item["kind"]
             if kind == "import":
-                target = self._resolve_import(item["path"], path)
+                try:
+                    target = self._resolve_import(item["path"], path)
+                except FdslError as e:  # a name the confinement refuses (fdsl serve): said at the import
+                    raise err("cannot import %r: %s" % (item["path"], e.message), item) from None
                 if target is None:
                     raise err("cannot import %r: no such rule file (relative to %s, or in the stdlib)"
                               % (item["path"], path.parent), item)
@@ -460,6 +464,7 @@ class RuleBook:
         candidates = [importer.parent / name, importer.parent / (name + ".rules"),
                       stdlib_dir() / name, stdlib_dir() / (name + ".rules")]
         for c in candidates:
+            admit(c, "rule file")  # is_file() would tell a refused path's existence
             if c.is_file():
                 return c
         return None

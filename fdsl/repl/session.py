@@ -234,9 +234,7 @@ def _diagram(session, arg):
     if not expr:
         raise FdslError("usage: :diagram EXPR [-o FILE]")
     if path is None:  # not into the current folder unless asked: a file of its own in the temp folder
-        folder = private_folder(Path(tempfile.gettempdir()) / ("fdsl-%d" % os.getuid()
-                                                              if hasattr(os, "getuid") else "fdsl"))
-        fd, path = tempfile.mkstemp(prefix="diagram-", suffix=".svg", dir=folder)
+        fd, path = tempfile.mkstemp(prefix="diagram-", suffix=".svg", dir=session.drawings())
         os.close(fd)
     else:  # only inside the session's folder, as a program's own outputs
         from ..base.files import confine, target_of
@@ -427,6 +425,20 @@ class Session:
         self.rule_files: list = []  # --rules given on the command line: :reset keeps them
         self.done = False
         self.failed = False  # some input failed: the exit status of a script run is 2
+        self._drawings: Optional[Path] = None
+
+    def drawings(self) -> Path:
+        """The session's folder for ``:diagram``'s pictures: made on first use by mkdtemp (mode 0700,
+        a name no one can guess), so no folder another user made first in the shared temp folder
+        (a planted ``fdsl-UID``) can refuse or receive them. Kept after the session: a viewer may
+        still be opening its pictures."""
+        if self._drawings is None or not self._drawings.is_dir():
+            try:
+                self._drawings = Path(tempfile.mkdtemp(prefix="fdsl-diagrams-"))
+            except OSError as e:
+                raise FdslError("cannot make a folder for the diagram in %s: %s; use :diagram EXPR -o FILE"
+                                % (tempfile.gettempdir(), e.strerror or e)) from None
+        return self._drawings
 
     def reset(self) -> None:
         """A fresh program with this session's options and rule files (``:reset``)."""

@@ -29,7 +29,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..base.errors import FdslError, Loop, StepLimit, TooWide
+from ..base.errors import FdslError, Loop, StepLimit, TooWide, printable
 from ..base.limits import DEFAULT_SIZE_LIMIT, DEFAULT_STEP_LIMIT
 from ..base.numbers import OUT_OF_RANGE
 from ..core import alpha
@@ -337,7 +337,8 @@ class Stepper:
         if self.progress is not None and not self.steps % PROGRESS_EVERY:
             self.progress.update(PROGRESS_EVERY)
         if self.trace_out is not None:
-            self.trace_out.write("[%s %s] %s  =>  %s\n" % (rule.name, rule.where(), before, after))
+            # a rule file's name (in where()) is the user's: escaped as every printed name is
+            self.trace_out.write(printable("[%s %s] %s  =>  %s" % (rule.name, rule.where(), before, after)) + "\n")
         if self.steps > self.limit:
             raise StepLimit("%s did not reach a normal form within %d steps (the step limit, "
                             "--step-limit N)%s" % (self.name, self.limit, self.recent()))

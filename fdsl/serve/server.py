@@ -49,6 +49,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..base.errors import printable, say
 from .sessions import Options, Sessions
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -129,7 +130,7 @@ class Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         kind, e = sys.exc_info()[:2]
         if isinstance(e, (MemoryError, RuntimeError, OSError)):  # no thread, memory or socket to be had
-            sys.stderr.write("fdsl serve: a connection was dropped: %s\n" % (e,))
+            say("fdsl serve: a connection was dropped: %s" % (e,), sys.stderr)
         else:
             super().handle_error(request, client_address)
 
@@ -327,7 +328,7 @@ class Handler(BaseHTTPRequestHandler):
         if rest == "/api/session":
             sid, items = sessions.open()
             file = self.server.options.file
-            return self.send_json({"id": sid, "items": items, "file": Path(file).name if file else None,
+            return self.send_json({"id": sid, "items": items, "file": printable(Path(file).name) if file else None,
                                    "time_limit": self.server.options.time_limit})
         worker = sessions.get(body.get("id"))
         if worker is None:
@@ -380,10 +381,10 @@ def serve(options: Options, host: str = "127.0.0.1", port: int = 8765, open_brow
     redirect = None
     try:
         if host not in ("127.0.0.1", "localhost", "::1"):
-            err.write("fdsl serve: warning: listening on %s, not only on this machine (127.0.0.1): anyone who "
-                      "can reach it and has the URL's token can run programs here\n" % host)
-        out.write("fdsl serve: %s\n" % server.url)
-        out.write("(the token in the URL is the key; Ctrl-C stops the server)\n")
+            say("fdsl serve: warning: listening on %s, not only on this machine (127.0.0.1): anyone who "
+                "can reach it and has the URL's token can run programs here" % host, err)
+        say("fdsl serve: %s" % server.url, out)
+        say("(the token in the URL is the key; Ctrl-C stops the server)", out)
         out.flush()
         if open_browser:
             import webbrowser

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..base.errors import FdslError
+from ..base.errors import FdslError, printable
 from ..base.files import Print, Write, perform_all
 from ..repl.session import Command, Session, find_command, help_text
 
@@ -72,19 +72,21 @@ class WebSession(Session):
         self.err.seek(0)
         self.err.truncate()
         if log.strip():
-            items.append({"kind": "log", "text": log.rstrip("\n")})
+            items.append({"kind": "log", "text": printable(log.rstrip("\n"))})
         return items
 
-    # ---- the outputs of Session
+    # ---- the outputs of Session: every text through printable, as on a terminal (a name typed
+    # with a control character or a lone surrogate in it is shown escaped, and the reply stays JSON
+    # that any client decodes)
     def say(self, text: str) -> None:
         if text.strip():
-            self.items.append({"kind": "text", "text": text})
+            self.items.append({"kind": "text", "text": printable(text)})
 
     def show(self, text: str, hint: Optional[str] = None) -> None:
         self.say(text.rstrip("\n"))
 
     def _error(self, text: str) -> None:
-        self.items.append({"kind": "error", "text": text})
+        self.items.append({"kind": "error", "text": printable(text)})
 
     def perform(self, effects, hint: Optional[str] = None) -> None:
         perform_all(effects, None, self.program)  # files first, all or nothing
@@ -107,8 +109,8 @@ class WebSession(Session):
         value = getattr(effect, "value", None)
         term = value if isinstance(value, Term) else value.term if isinstance(value, Printed) else None
         if term is not None:
-            return [{"kind": "math", "latex": latex(term), "text": effect.text}]
-        items = [{"kind": "text", "text": effect.text}]
+            return [{"kind": "math", "latex": latex(term), "text": printable(effect.text)}]
+        items = [{"kind": "text", "text": printable(effect.text)}]
         picture = self.depends_picture(value, getattr(effect, "node", None))
         if picture is not None:
             items.append(picture)
@@ -158,7 +160,7 @@ def _diagram_here(session: WebSession, arg: str) -> None:
 
 def svg_item(svg: str, caption: str) -> dict:
     # base64, shown as an <img>: a picture's text never becomes markup or script on the page
-    return {"kind": "svg", "svg": base64.b64encode(svg.encode("utf-8")).decode("ascii"), "caption": caption}
+    return {"kind": "svg", "svg": base64.b64encode(svg.encode("utf-8")).decode("ascii"), "caption": printable(caption)}
 
 
 # ---- the process ----------------------------------------------------------------------------------
@@ -217,11 +219,10 @@ def prepare(own: Path, file: Optional[str], quota: Optional[int] = None) -> None
     Program("<warm>", own)  # reads the grammar and the stdlib once
     from ..base.resources import grammar_path, stdlib_dir
 
-    readable = [str(own), str(Path(compose.__file__).resolve().parent), str(grammar_path("fdsl.lark").parent),
-                str(stdlib_dir())] + confine.python_roots()
-    if file:
-        readable.append(str(Path(file).expanduser().resolve().parent))
-    confine.install(str(own), readable, quota)
+    readable = [str(Path(compose.__file__).resolve().parent), str(grammar_path("fdsl.lark").parent)] \
+        + confine.python_roots()
+    served = str(Path(file).expanduser().resolve()) if file else None
+    confine.install(str(own), readable, quota, served=served, stdlib=[str(stdlib_dir())])
 
 
 def main(argv=None) -> int:
