@@ -119,6 +119,9 @@ def test_a_command_past_the_time_limit_is_stopped_and_the_session_goes_on(server
 
 def test_stop_interrupts_a_command(server, session):
     sid = session["id"]
+    # its own setup (B and keep): alone, this test must not lean on the one before it
+    for statement in ("keep = X",) + LONG_SETUP:
+        assert run(server, sid, statement)["ok"]
     done = []
     thread = threading.Thread(target=lambda: done.append(run(server, sid, LONG)))
     thread.start()
