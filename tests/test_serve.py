@@ -117,19 +117,24 @@ def test_a_command_past_the_time_limit_is_stopped_and_the_session_goes_on(server
     assert server.alive()
 
 
-def test_stop_interrupts_a_command(server, session):
-    sid = session["id"]
-    # its own setup (B and keep): alone, this test must not lean on the one before it
-    for statement in ("keep = X",) + LONG_SETUP:
-        assert run(server, sid, statement)["ok"]
-    done = []
-    thread = threading.Thread(target=lambda: done.append(run(server, sid, LONG)))
-    thread.start()
-    time.sleep(1.0)
-    assert server.post("api/stop", {"id": sid})[0] == 200
-    thread.join(15)
-    assert done and "interrupted" in texts(done[0], ("error",)), done
-    assert run(server, sid, "show keep")["ok"]
+def test_stop_interrupts_a_command(server):
+    # a session of its own, set up here: this test once leaned on the one before it for B and keep,
+    # and failed when run alone
+    status, fresh = server.post("api/session", {})
+    sid = fresh["id"]
+    try:
+        for statement in ("keep = X",) + LONG_SETUP:
+            assert run(server, sid, statement)["ok"]
+        done = []
+        thread = threading.Thread(target=lambda: done.append(run(server, sid, LONG)))
+        thread.start()
+        time.sleep(1.0)
+        assert server.post("api/stop", {"id": sid})[0] == 200
+        thread.join(15)
+        assert done and "interrupted" in texts(done[0], ("error",)), done
+        assert run(server, sid, "show keep")["ok"]
+    finally:
+        server.post("api/close", {"id": sid})
 
 
 def test_the_step_limit_holds_per_command(server, session):
@@ -152,7 +157,7 @@ def test_a_program_writes_only_in_its_own_folder(server, session, tmp_path):
     reply = run(server, sid, ':diagram X Q[0]')
     assert [i["kind"] for i in reply["items"]] == ["svg"]
     reply = run(server, sid, 'diagram(X Q[0], "xq.svg")')  # written in its own folder, and shown
-    assert sorted(i["kind"] for i in reply["items"]) == ["svg", "text"] and "wrote xq.svg" in texts(reply), reply
+    assert sorted(i["kind"] for i in reply["items"]) == ["file", "svg", "text"] and "wrote xq.svg" in texts(reply), reply
     assert not run(server, sid, 'diagram(X Q[0], "%s")' % (tmp_path / "xq.svg"))["ok"]
     assert not (tmp_path / "xq.svg").exists()
     assert server.alive()
