@@ -455,3 +455,16 @@ def test_values_and_random_combine_data_from_the_file_and_the_rest_drawn(run_fds
     if command != "run":
         r = run_fdsl(command, path, "--values", "x.npz", *extra, cwd=tmp_path)
         assert r.returncode == 2 and "--random" in r.stderr, r.stderr
+
+
+# ---- issue 31: typeset products keep their factors apart (the console itself: tests/test_serve_browser.py) ----
+
+
+def test_latex_sets_a_thin_space_between_factors():
+    """TeX sets adjacent letters as one word: ``s s`` was typeset as a name ss, ``s encoder_1`` as
+    sencoder1 (in the browser console, and in Jupyter)."""
+    from fdsl.core import printers
+
+    p = fdsl.parse("dim n = 2\nconst X0 : n x n\nscalar s\nencoder_1 := X0 X0\n")
+    assert printers.latex(p.expr("s s")) == r"s \, s"
+    assert printers.latex(p.expr("s encoder_1")).startswith(r"s \, \mathrm{encoder\_1} \quad")
