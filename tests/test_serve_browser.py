@@ -110,6 +110,19 @@ def oracle(run_fdsl, file, *inputs) -> list:
     return out.stdout[len(own):]
 
 
+def shows_a_picture(driver, entry, kind):
+    """The entry holds a picture (an <img> of base64 data of type image/KIND) that the browser drew."""
+    picture = entry.find_element(By.TAG_NAME, "img")
+    assert picture.get_attribute("src").startswith("data:image/%s;base64," % kind)
+    assert wait_for(lambda: driver.execute_script("return arguments[0].naturalWidth", picture) > 100)
+
+
+def screenshot(driver, name):
+    if SHOTS:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / name))
+
+
 def still_serving(driver, served):
     assert served.alive()
     entry = type_command(driver, "show C")
@@ -151,12 +164,8 @@ def test_the_manual_session(browser, natural, run_fdsl):
 
     entry = type_command(browser, "depends(coeff(N, K[5]), Q[3])")
     assert "true, via encoder_5 > m(...) > encoder_4 > m(...) > a(...) > Q_3" in text_of(entry)
-    picture = entry.find_element(By.TAG_NAME, "img")
-    assert picture.get_attribute("src").startswith("data:image/svg+xml;base64,")
-    assert wait_for(lambda: browser.execute_script("return arguments[0].naturalWidth", picture) > 100)
-    if SHOTS:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(SHOTS / "manual_session.png"))
+    shows_a_picture(browser, entry, "svg+xml")
+    screenshot(browser, "manual_session.png")
     still_serving(browser, natural)
 
 
@@ -321,9 +330,7 @@ def test_a_plot_is_shown_and_a_saved_file_downloads(browser, natural, tmp_path):
         assert errors_in(type_command(browser, statement)) == "", statement
     entry = type_command(browser, 'plot "loss.png" r')
     assert errors_in(entry) == ""
-    picture = entry.find_element(By.TAG_NAME, "img")
-    assert picture.get_attribute("src").startswith("data:image/png;base64,")
-    assert wait_for(lambda: browser.execute_script("return arguments[0].naturalWidth", picture) > 100)
+    shows_a_picture(browser, entry, "png")
     assert entry.find_element(By.CSS_SELECTOR, "a.download").text == "download loss.png"
     # the link of a save downloads the file itself, from the session's folder
     entry = type_command(browser, 'save "p.npz" P')
@@ -338,9 +345,7 @@ def test_a_plot_is_shown_and_a_saved_file_downloads(browser, natural, tmp_path):
 
     with np.load(got) as arrays:
         assert [arrays[k].shape for k in arrays.files] == [(2, 2)]
-    if SHOTS:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(SHOTS / "plot_and_download.png"))
+    screenshot(browser, "plot_and_download.png")
     still_serving(browser, natural)
 
 
