@@ -22,12 +22,24 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 
 
+def _cpu_cap(seconds: int):
+    def cap():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds))
+    return cap
+
+
 def _run_fdsl(*args, cwd=None, timeout=120) -> subprocess.CompletedProcess:
+    """``timeout``: the command's budget, as CPU time (RLIMIT_CPU, twice it: numpy's threads add
+    up), which a machine busy with other work does not use up; the wall clock waits much longer,
+    only against a command that hangs."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("PYTHONIOENCODING", "utf-8")
     return subprocess.run([sys.executable, "-m", "fdsl.cli", *map(str, args)], cwd=cwd or REPO, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          preexec_fn=_cpu_cap(int(2 * timeout)), timeout=max(600, 4 * timeout))
 
 
 @pytest.fixture

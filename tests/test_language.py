@@ -276,17 +276,17 @@ def test_equal_terms_are_one_object(prog):
 
 # (expression, text, string, latex, html); html without the outer <span class="fdsl">...</span>
 PRINTED = [
-    ("s X Q[0] K[0]^t X^t", "s X Q_0 K_0^t X^t", "s X Q[0] K[0]^t X^t", r"s X Q_{0} {K_{0}}^{t} {X}^{t}",
+    ("s X Q[0] K[0]^t X^t", "s X Q_0 K_0^t X^t", "s X Q[0] K[0]^t X^t", r"s \, X \, Q_{0} \, {K_{0}}^{t} \, {X}^{t}",
      "<i>s</i> <i>X</i> <i>Q</i><sub>0</sub> <i>K</i><sub>0</sub><sup>t</sup> <i>X</i><sup>t</sup>"),
-    ("A - 2 B", "A - 2 B", "A - 2 B", "A - 2 B", "<i>A</i> &minus; 2 <i>B</i>"),
-    ("-(1/2) A^t B", "-(1/2) A^t B", "-(1/2) A^t B", r"-\left(\tfrac{1}{2}\right) {A}^{t} B",
+    ("A - 2 B", "A - 2 B", "A - 2 B", r"A - 2 \, B", "<i>A</i> &minus; 2 <i>B</i>"),
+    ("-(1/2) A^t B", "-(1/2) A^t B", "-(1/2) A^t B", r"-\left(\tfrac{1}{2}\right) \, {A}^{t} \, B",
      "&minus;(1/2) <i>A</i><sup>t</sup> <i>B</i>"),
     ("mm(A, d(W)) * B", "mm(A, dW) * B", "mm(A, d(W)) * B", r"\operatorname{mm}\left(A, \mathrm{d}W\right) \circ B",
      '<span class="op">mm</span>(<i>A</i>, d<i>W</i>) &#8728; <i>B</i>'),
     ("trace(A) + r^2", "trace(A) + r^2", "trace(A) + r^2", r"\operatorname{trace}\left(A\right) + {r}^{2}",
      '<span class="op">trace</span>(<i>A</i>) + <i>r</i><sup>2</sup>'),
     ("d(P[0, 1])", "dP_0_1", "d(P[0, 1])", r"\mathrm{d}P_{0,1}", "d<i>P</i><sub>0,1</sub>"),
-    ("k^(-1/2) A", "k^(-1/2) A", "k^(-1/2) A", "{k}^{-1/2} A", "<i>k</i><sup>-1/2</sup> <i>A</i>"),
+    ("k^(-1/2) A", "k^(-1/2) A", "k^(-1/2) A", r"{k}^{-1/2} \, A", "<i>k</i><sup>-1/2</sup> <i>A</i>"),
     ("eye(n)", "I_n", "eye(n)", "I_{n}", "<i>I</i><sub>n</sub>"),
     ("zeros(n, d)", "0", "zeros(n, d)", "0", "0"),
     ("m(A)^t", "m(A)^t", "m(A)^t", r"{m\left(A\right)}^{t}", '<span class="op">m</span>(<i>A</i>)<sup>t</sup>'),
@@ -306,7 +306,7 @@ def test_printers(prog, text, shown, string, latex, html):
 
 def test_jupyter_shows_latex(prog):
     t = ev(prog, "s X Q[0]")
-    assert t._repr_latex_() == "$s X Q_{0}$"
+    assert t._repr_latex_() == r"$s \, X \, Q_{0}$"
     assert repr(t) == "Term(s X Q[0])"
 
 

@@ -112,8 +112,8 @@ def test_latex_of_a_normal_form_is_aligned_one_row_per_weight(enc):
 
 def test_latex_names_with_underscores():
     p = fdsl.parse("dim n\nconst A : n x n\nweight my_w : n x n\nmy_x := my_w A")
-    assert printers.latex(p.expr("my_x A")) == (r"\mathrm{my\_x} A \quad\text{where}\quad "
-                                                r"\begin{aligned}\mathrm{my\_x} &:= \mathit{my\_w} A\end{aligned}")
+    assert printers.latex(p.expr("my_x A")) == (r"\mathrm{my\_x} \, A \quad\text{where}\quad "
+                                                r"\begin{aligned}\mathrm{my\_x} &:= \mathit{my\_w} \, A\end{aligned}")
 
 
 def test_latex_of_a_short_term_is_one_formula(enc):

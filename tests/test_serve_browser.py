@@ -89,6 +89,11 @@ def grey_box(driver) -> str:
     return driver.find_element(By.ID, "log").get_attribute("textContent")
 
 
+def errors_in(entry) -> str:
+    """The errors shown under a command (issue 31: they stay there, the next command keeps them)."""
+    return "\n".join(e.get_attribute("textContent") for e in entry.find_elements(By.CSS_SELECTOR, "pre.error"))
+
+
 def text_of(entry) -> str:
     return entry.get_attribute("textContent")
 
@@ -103,6 +108,19 @@ def oracle(run_fdsl, file, *inputs) -> list:
     out = run_fdsl("run", file, "-e", "; ".join(inputs))
     assert out.returncode == 0, out.stderr
     return out.stdout[len(own):]
+
+
+def shows_a_picture(driver, entry, kind):
+    """The entry holds a picture (an <img> of base64 data of type image/KIND) that the browser drew."""
+    picture = entry.find_element(By.TAG_NAME, "img")
+    assert picture.get_attribute("src").startswith("data:image/%s;base64," % kind)
+    assert wait_for(lambda: driver.execute_script("return arguments[0].naturalWidth", picture) > 100)
+
+
+def screenshot(driver, name):
+    if SHOTS:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / name))
 
 
 def still_serving(driver, served):
@@ -146,12 +164,8 @@ def test_the_manual_session(browser, natural, run_fdsl):
 
     entry = type_command(browser, "depends(coeff(N, K[5]), Q[3])")
     assert "true, via encoder_5 > m(...) > encoder_4 > m(...) > a(...) > Q_3" in text_of(entry)
-    picture = entry.find_element(By.TAG_NAME, "img")
-    assert picture.get_attribute("src").startswith("data:image/svg+xml;base64,")
-    assert wait_for(lambda: browser.execute_script("return arguments[0].naturalWidth", picture) > 100)
-    if SHOTS:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(SHOTS / "manual_session.png"))
+    shows_a_picture(browser, entry, "svg+xml")
+    screenshot(browser, "manual_session.png")
     still_serving(browser, natural)
 
 
@@ -190,18 +204,23 @@ def test_the_help_button_lists_the_verbs_and_operators(browser, natural):
     assert "Enter runs" in text and "Shift+Enter" in text
 
 
-def test_an_error_goes_to_the_grey_box_with_its_caret(browser, natural):
+def test_an_error_stays_under_its_command_with_its_caret(browser, natural):
+    """Issue 31: the error stands under the command that made it, and the next command keeps it
+    (it went to the grey box, which the next command cleared: the transcript said only "error")."""
     open_page(browser, natural.url)
     entry = type_command(browser, "show X0 Q[0] Q[0]")
-    box = grey_box(browser)
+    box = errors_in(entry)
     assert "<input>:1:14:" in box and "inner sizes k and d differ" in box
     lines = box.split("\n")
     source = next(i for i, line in enumerate(lines) if "show X0 Q[0] Q[0]" in line)
     # the caret stands under column 14 of the line echoed (both indented alike), in a monospace box
     assert lines[source + 1].index("^") == lines[source].index("show") + 13
-    assert browser.execute_script("return getComputedStyle(document.querySelector('#log pre')).fontFamily") \
+    assert browser.execute_script("return getComputedStyle(document.querySelector('.entry pre.error')).fontFamily") \
         == "monospace"
-    assert "error" in text_of(entry)
+    type_command(browser, "show X0")
+    type_command(browser, "show Y")
+    assert "inner sizes k and d differ" in errors_in(entry), "the next commands kept it"
+    assert "see the grey box" not in text_of(entry)
     still_serving(browser, natural)
 
 
@@ -221,7 +240,7 @@ def test_typed_markup_stays_text(browser, natural, attack):
     assert not browser.find_elements(By.ID, "pwned")
     assert browser.execute_script("return document.body.dataset.pwned") is None
     assert len(browser.find_elements(By.CSS_SELECTOR, "img, script, b, i")) == before
-    assert attack.split("\n")[0] in text_of(entry) + grey_box(browser)  # echoed as the text it is
+    assert attack.split("\n")[0] in text_of(entry)  # echoed as the text it is
     still_serving(browser, natural)
 
 
@@ -241,8 +260,7 @@ def test_two_tabs_are_two_programs(browser, natural):
     browser.switch_to.new_window("tab")
     try:
         open_page(browser, natural.url)
-        type_command(browser, "show mine")
-        assert "unknown name 'mine'" in grey_box(browser)
+        assert "unknown name 'mine'" in errors_in(type_command(browser, "show mine"))
         type_command(browser, "mine := Y")
         assert "Y" in text_of(type_command(browser, "show mine"))
     finally:
@@ -265,7 +283,7 @@ def test_a_looping_command_shows_it_runs_and_stops(browser, natural):
     assert "running" in status.text and box.get_attribute("readonly")
     browser.find_element(By.ID, "stop").click()
     assert wait_for(lambda: idle(browser), 15), "Stop did not stop it"
-    assert "interrupted" in grey_box(browser)
+    assert "interrupted" in errors_in(entries(browser)[-1])
     assert "B" in text_of(type_command(browser, "show B"))  # the session kept its declarations
     still_serving(browser, natural)
 
@@ -276,13 +294,13 @@ def test_a_save_outside_its_folder_is_refused(browser, natural, tmp_path):
     target = tmp_path / "escape.npz"
     # refused by the program's own confinement (fdsl.base.files) or, below it, by the page's
     refused = re.compile(r"writes only inside its own folder|may write only inside its own folder")
-    type_command(browser, 'save "%s" X0' % target)
-    assert refused.search(grey_box(browser)), grey_box(browser)
+    said = errors_in(type_command(browser, 'save "%s" X0' % target))
+    assert refused.search(said), said
     assert not target.exists()
-    type_command(browser, 'save "../escape.npz" X0')
-    assert refused.search(grey_box(browser)), grey_box(browser)
-    type_command(browser, 'save "fine.npz" X0')
-    assert grey_box(browser).strip() == ""
+    said = errors_in(type_command(browser, 'save "../escape.npz" X0'))
+    assert refused.search(said), said
+    entry = type_command(browser, 'save "fine.npz" X0')
+    assert errors_in(entry) == "" and entry.find_elements(By.CSS_SELECTOR, "a.download")
     still_serving(browser, natural)
 
 
@@ -291,11 +309,84 @@ def test_reset_starts_the_program_afresh(browser, natural):
     type_command(browser, "mine = X0")
     browser.find_element(By.ID, "reset").click()
     assert wait_for(lambda: idle(browser) and entries(browser) and "true, via" in text_of(entries(browser)[0]), 60)
-    type_command(browser, "show mine")
-    assert "unknown name 'mine'" in grey_box(browser)
+    assert "unknown name 'mine'" in errors_in(type_command(browser, "show mine"))
 
 
 def test_the_readme_screenshot_shows_the_console(browser):
     """The README's picture is of this page (docs/serve.png, made by tests/make_serve_screenshot.py)."""
     assert (ROOT / "docs" / "serve.png").is_file()
     assert "![fdsl serve" in (ROOT / "README.md").read_text()
+
+
+# ---- issue 31, item 9: pictures, downloads, :load beside the file, names typeset as names ---------
+
+SMALL_TRAINING = ("dim q = 2", "const P : q x q", "weight U : q x q", "v = form(P - U)", "random 0",
+                  "r = train(v, 3, 0.1, 1)")
+
+
+def test_a_plot_is_shown_and_a_saved_file_downloads(browser, natural, tmp_path):
+    open_page(browser, natural.url)
+    for statement in SMALL_TRAINING:
+        assert errors_in(type_command(browser, statement)) == "", statement
+    entry = type_command(browser, 'plot "loss.png" r')
+    assert errors_in(entry) == ""
+    shows_a_picture(browser, entry, "png")
+    assert entry.find_element(By.CSS_SELECTOR, "a.download").text == "download loss.png"
+    # the link of a save downloads the file itself, from the session's folder
+    entry = type_command(browser, 'save "p.npz" P')
+    link = entry.find_element(By.CSS_SELECTOR, "a.download")
+    assert link.text == "download p.npz" and link.get_attribute("download") == "p.npz"
+    browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+    link.click()
+    got = tmp_path / "p.npz"
+    assert wait_for(lambda: got.is_file() and got.stat().st_size > 0 and not list(tmp_path.glob("*.crdownload")),
+                    60), list(tmp_path.iterdir())
+    import numpy as np
+
+    with np.load(got) as arrays:
+        assert [arrays[k].shape for k in arrays.files] == [(2, 2)]
+    screenshot(browser, "plot_and_download.png")
+    still_serving(browser, natural)
+
+
+def test_load_reads_beside_the_served_file(browser, natural):
+    open_page(browser, natural.url)
+    type_command(browser, ":reset")
+    entry = type_command(browser, ":load natural.fd")  # examples/natural.fd, the served file's neighbour
+    assert errors_in(entry) == "" and "true, via encoder_5" in text_of(entry), text_of(entry)
+    assert "no such file" in errors_in(type_command(browser, ":load no-such-file.fd"))
+
+
+GLYPHS = """
+const out = [];
+const walk = (node) => {
+  if (node.nodeType === 3 && node.textContent.trim()) {
+    const range = document.createRange(); range.selectNodeContents(node);
+    const r = range.getBoundingClientRect(); out.push([node.textContent, r.left, r.right]);
+  } else if (node.nodeType === 1 && !node.classList.contains('katex-mathml')) node.childNodes.forEach(walk);
+};
+walk(arguments[0]);
+return out;
+"""
+
+
+def glyphs(browser, entry):
+    """The text of a typeset entry, run by run, with where each begins and ends on the screen."""
+    return browser.execute_script(GLYPHS, entry.find_element(By.CSS_SELECTOR, ".math .katex-html"))
+
+
+@pytest.mark.parametrize("command, first, second", [("show s s", "s", "s"), ("show s X0", "s", "X0")])
+def test_the_factors_of_a_product_stand_apart(browser, natural, command, first, second):
+    """``s s`` is two factors, not a name ss; ``s X0`` is s times X0, not a name sX0: KaTeX sets the
+    letters of adjacent factors as one word unless a space stands between them (issue 31)."""
+    open_page(browser, natural.url)
+    entry = type_command(browser, command)
+    runs = glyphs(browser, entry)
+    texts = [text for text, _, _ in runs]
+    at = next(i for i in range(len(texts) - 1) if texts[i] == first and texts[i + 1].startswith(second[0]))
+    gap = runs[at + 1][1] - runs[at][2]
+    size = browser.execute_script("return parseFloat(getComputedStyle(arguments[0]).fontSize)",
+                                  entry.find_element(By.CSS_SELECTOR, ".katex"))
+    assert gap > 0.1 * size, (runs, gap, size)  # a thin space is 1/6 em
+    latex = entry.find_element(By.CSS_SELECTOR, "annotation").get_attribute("textContent")
+    assert "\\," in latex, latex

@@ -696,3 +696,16 @@ def test_slips_of_the_keys_still_get_did_you_mean(typed, meant):
     with pytest.raises(FdslError) as e:
         fdsl.parse("dim n = 2\nconst A : n x n\nx = %s(A)\n" % typed)
     assert "did you mean %r?" % meant in e.value.message, e.value.message
+
+
+# ---- issue 31: typeset products keep their factors apart (the console itself: tests/test_serve_browser.py) ----
+
+
+def test_latex_sets_a_thin_space_between_factors():
+    """TeX sets adjacent letters as one word: ``s s`` was typeset as a name ss, ``s encoder_1`` as
+    sencoder1 (in the browser console, and in Jupyter)."""
+    from fdsl.core import printers
+
+    p = fdsl.parse("dim n = 2\nconst X0 : n x n\nscalar s\nencoder_1 := X0 X0\n")
+    assert printers.latex(p.expr("s s")) == r"s \, s"
+    assert printers.latex(p.expr("s encoder_1")).startswith(r"s \, \mathrm{encoder\_1} \quad")

@@ -58,7 +58,7 @@ def test_the_encoders_error_is_bound_with_the_name_of_its_first_layer(enc):
 
 def test_latex_html_and_string_use_the_names_they_bind(enc):
     N = enc["N"]
-    assert printers.latex(N).count(r"Q_{0} {K_{0}}^{t}") == 1
+    assert printers.latex(N).count(r"Q_{0} \, {K_{0}}^{t}") == 1
     assert printers.html(N).count("<i>Q</i><sub>0</sub> <i>K</i><sub>0</sub><sup>t</sup>") == 1
     s = printers.string(N)
     assert s.count("Q[0] K[0]^t") == 1
@@ -94,7 +94,7 @@ def test_a_users_name_is_used_where_its_body_is_written_out():
     p = fdsl.parse("dim n\nconst A : n x n, B : n x n\nweight W : n x n\nN := A B\n")
     t = p.expr("N W + A B")
     assert render(t) == "N W + N\nwhere\n  N := A B"
-    assert printers.latex(t).startswith("N W + N ")
+    assert printers.latex(t).startswith(r"N \, W + N ")
     assert printers.html(t).startswith('<span class="fdsl"><i>N</i> <i>W</i> + <i>N</i></span>')
     # A B written out reads back as A B, N as the let: one transparent name serves both
     assert printers.string(t) == "(N W + S[1] where S[1] = A B, N := S[1])"

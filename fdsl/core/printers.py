@@ -121,7 +121,9 @@ def _latex_name(name, font=r"\mathit"):
 
 
 class LatexStyle(Style):
-    had_sep, mul_sep, div_sep = r" \circ ", " ", r" \oslash "
+    # a thin space between the factors of a product: TeX sets adjacent letters as one word, so
+    # without it s s reads as a name ss, and s \mathrm{encoder}_{1} as sencoder1
+    had_sep, mul_sep, div_sep = r" \circ ", r" \, ", r" \oslash "
     lpar, rpar = r"\left(", r"\right)"
 
     def symbol(self, symbol, shape):

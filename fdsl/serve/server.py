@@ -13,7 +13,8 @@ token       a random secret in the path of every URL (``http://127.0.0.1:PORT/TO
             server does. In the path rather than a cookie or query, the page's relative URLs (the
             fonts KaTeX's stylesheet names) carry it without any script.
 calls       ``POST TOKEN/api/session`` (a new session: its id and FILE's output), ``api/run``
-            ``{"id", "input"}``, ``api/stop``, ``api/reset``, ``api/help``, ``api/close``.
+            ``{"id", "input"}``, ``api/stop``, ``api/reset``, ``api/help``, ``api/close``; and
+            ``GET TOKEN/files/ID/NAME``, a file the session wrote in its own folder (``downloads``).
 CSP         scripts and styles from this server only, no inline script, no eval, nothing loaded
             from elsewhere; inline style attributes are allowed because KaTeX positions with them.
 host        the ``Host`` a request names must be this server (an address, ``localhost`` or the
@@ -47,9 +48,10 @@ import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..base.errors import printable, say
+from . import downloads
 from .sessions import Options, Sessions
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -287,6 +289,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if rest == "/":
             rest = "/static/index.html"
+        if rest.startswith("/files/"):
+            return self.send_session_file(rest[len("/files/"):])
         if not rest.startswith("/static/"):
             return self.refuse(HTTPStatus.NOT_FOUND, "no such page")
         name = rest[len("/static/"):]
@@ -297,6 +301,27 @@ class Handler(BaseHTTPRequestHandler):
         self.send(HTTPStatus.OK, target.read_bytes(), kind)
 
     do_HEAD = do_GET
+
+    def send_session_file(self, rest: str) -> None:
+        """``files/SESSION/NAME``: a file of that session's own folder, as an attachment (see
+        ``downloads``); anything else is 404, the same answer whether or not it exists elsewhere."""
+        sid, _, name = rest.partition("/")
+        worker = self.server.sessions.get(unquote(sid))
+        parts = downloads.parts_of(name)
+        found = downloads.open_file(str(worker.folder), parts) if worker is not None and parts else None
+        if found is None:
+            return self.refuse(HTTPStatus.NOT_FOUND, "no such file in this session's folder")
+        stream, size = found
+        with stream:
+            self.send_response(HTTPStatus.OK)
+            for key, value in HEADERS.items():
+                self.send_header(key, value)
+            self.send_header("Content-Type", downloads.content_type(parts[-1]))
+            self.send_header("Content-Length", str(size))
+            self.send_header("Content-Disposition", downloads.disposition(parts[-1]))
+            self.end_headers()
+            if self.command != "HEAD":
+                shutil.copyfileobj(stream, self.wfile, downloads.CHUNK)
 
     def do_POST(self):
         rest = self.route()

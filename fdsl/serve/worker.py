@@ -10,8 +10,12 @@ request    one JSON line on stdin: ``{"op": "run", "input": TEXT}``, ``{"op": "h
            ``{"op": "reset"}``; the reply is one JSON line on the protocol channel (the original
            stdout; the worker's own stdout goes to stderr, so nothing stray can corrupt it).
 item       one piece of a reply, shown in order by the page: ``text`` (preformatted), ``math``
-           (LaTeX to typeset, with the text it stands for), ``svg`` (a picture, base64), and for
-           the grey box ``error`` (the message with its line and caret) and ``log`` (traces, notes).
+           (LaTeX to typeset, with the text it stands for), ``svg`` and ``png`` (a picture, base64),
+           ``file`` (a file the command wrote in the session's folder: its path there, which the
+           page offers for download), ``error`` (the message with its line and caret, kept under
+           its command) and, for the grey box, ``log`` (traces, notes).
+home       the folder of the FILE given to ``fdsl serve`` (None without one): ``:load NAME``
+           reads NAME there, as ``fdsl repl FILE`` run in that folder would.
 
 The worker evaluates in a thread with a big stack, as the command line does; SIGINT raises
 KeyboardInterrupt in that thread while it works (the repl's session reports "interrupted" and goes
@@ -36,6 +40,7 @@ from typing import Optional
 
 from ..base.errors import FdslError, printable
 from ..base.files import Print, Write, perform_all
+from ..base.inputs import admit
 from ..repl.session import Command, Session, find_command, help_text
 
 # Elaboration recurses once per nested call (encoder(64) nests 64 deep): as fdsl.cli.main
@@ -46,17 +51,31 @@ WEB_HELP = """\
 Type fdsl in the command window: Enter runs it, Shift+Enter starts a new line, Up and Down bring
 back earlier commands (kept in this browser). An expression alone is shown, typeset; _ is the
 last value shown; NAME? says what a name is. :diagram EXPR draws EXPR here; depends(coeff(N, K[5]),
-Q[3]) shows its path and its picture. Errors and logs go to the grey box. Stop interrupts a
-command that runs long; Reset starts the program afresh (FILE loaded again). Files a program
-writes (save, diagram) go to this session's own folder."""
+Q[3]) shows its path and its picture. An error stands under its command; logs (traces) go to the
+grey box. Stop interrupts a command that runs long; Reset starts the program afresh (FILE loaded
+again). Files a program writes (save, plot, diagram) go to this session's own folder, each with a
+link to download it; a plot is shown here. :load NAME reads NAME from the served file's folder."""
 
+# a picture larger than this is offered for download but not shown inline (the reply is one JSON line)
+INLINE_BYTES = 8 * 1024 * 1024
+
+
+
+def _readable(path: Path) -> bool:
+    """Whether the confinement lets the page read ``path`` (asked before any look at it)."""
+    try:
+        admit(str(path), "program")
+    except FdslError:
+        return False
+    return True
 
 class WebSession(Session):
     """The repl's session with the browser's output: every output becomes an item of the reply."""
 
-    def __init__(self, own: Path):
+    def __init__(self, own: Path, home: Optional[Path] = None):
         super().__init__(out=io.StringIO(), err=io.StringIO(), pager="off")
         self.own = own
+        self.home = home
         self.items: list = []
         self.program.base_dir = own
 
@@ -88,6 +107,18 @@ class WebSession(Session):
     def _error(self, text: str) -> None:
         self.items.append({"kind": "error", "text": printable(text)})
 
+    def load(self, path: str) -> None:
+        """``:load NAME``: a relative NAME is the served file's neighbour (the page's own folder
+        holds only what the session wrote, so it is tried only when the served folder has no NAME)."""
+        p = Path(path).expanduser()
+        if self.home is not None and not p.is_absolute():
+            beside, own = self.home / p, self.own / p
+            # the confinement judges a path before anything looks at it (a refused one may not say
+            # whether it exists): the page's folder is tried only where both are readable
+            if not (_readable(beside) and _readable(own)) or beside.exists() or not own.exists():
+                p = beside
+        super().load(str(p))
+
     def perform(self, effects, hint: Optional[str] = None) -> None:
         perform_all(effects, None, self.program)  # files first, all or nothing
         for effect in effects:
@@ -96,8 +127,28 @@ class WebSession(Session):
             elif isinstance(effect, Write):
                 if effect.note:
                     self.say(effect.note)
-                if effect.path.suffix == ".svg" and effect.path.is_file():  # diagram(E, "e.svg"): shown too
-                    self.items.append(svg_item(effect.path.read_text(encoding="utf-8"), effect.path.name))
+                self.items.extend(self.written(effect.path))
+
+    def written(self, path: Path) -> list:
+        """The items of a file a command wrote: its picture (an SVG or a PNG: diagram, plot), and
+        its path in the session's folder, for the page's download link."""
+        try:
+            real = path.resolve()
+            name = real.relative_to(self.own).as_posix()
+            size = real.stat().st_size
+        except (OSError, ValueError):  # not in the session's folder: nothing to offer
+            return []
+        items = []
+        shown = printable(name)
+        if real.suffix in (".svg", ".png") and real.is_file() and size <= INLINE_BYTES:
+            if real.suffix == ".svg":  # diagram(E, "e.svg")
+                items.append(svg_item(real.read_text(encoding="utf-8"), shown))
+            else:  # plot "loss.png" e
+                items.append({"kind": "png", "png": base64.b64encode(real.read_bytes()).decode("ascii"),
+                              "caption": shown})
+        if shown == name:  # a name that is not text (a byte that is not UTF-8) has no link: it is only said
+            items.append({"kind": "file", "path": name, "bytes": size})
+        return items
 
     def shown(self, effect) -> list:
         """The items of one output: a term (or a printer's text of one) typeset, a depends answer
@@ -170,7 +221,7 @@ class Worker:
     def __init__(self, args):
         self.args = args
         self.own = Path(args.own).resolve()
-        self.session = WebSession(self.own)
+        self.session = WebSession(self.own, Path(args.file).parent if args.file else None)
         self.busy = False
 
     def options(self, program) -> None:

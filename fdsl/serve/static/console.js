@@ -43,20 +43,37 @@
     }
   }
 
+  function picture(src, caption, entry) {
+    const img = el("img");
+    img.alt = caption || "picture";
+    img.src = src;
+    entry.appendChild(img);
+    entry.appendChild(el("div", "caption", caption || ""));
+  }
+
+  function download(item, entry) {
+    // a file the command wrote in the session's folder, served by files/SESSION/NAME as an attachment
+    const name = String(item.path);
+    const link = el("a", "download", "download " + name);
+    link.href = "files/" + encodeURIComponent(session) + "/" + name.split("/").map(encodeURIComponent).join("/");
+    link.download = name.split("/").pop();
+    const line = el("div", "file");
+    line.appendChild(link);
+    if (typeof item.bytes === "number") line.appendChild(el("span", "size", " (" + item.bytes + " bytes)"));
+    entry.appendChild(line);
+  }
+
   function render(items, entry) {
+    // an error stays under its command; the grey box holds the logs (traces) of the last one
     log.textContent = "";
     for (const item of items || []) {
       if (item.kind === "math") typeset(item, entry);
-      else if (item.kind === "svg") {
-        const img = el("img");
-        img.alt = item.caption || "diagram";
-        img.src = "data:image/svg+xml;base64," + item.svg;
-        entry.appendChild(img);
-        entry.appendChild(el("div", "caption", item.caption || ""));
-      } else if (item.kind === "error" || item.kind === "log") {
-        log.appendChild(el("pre", item.kind, item.text));
-        if (item.kind === "error") entry.appendChild(el("div", "failed", "error: see the grey box"));
-      } else entry.appendChild(el("pre", null, item.text));
+      else if (item.kind === "svg") picture("data:image/svg+xml;base64," + item.svg, item.caption, entry);
+      else if (item.kind === "png") picture("data:image/png;base64," + item.png, item.caption, entry);
+      else if (item.kind === "file") download(item, entry);
+      else if (item.kind === "error") entry.appendChild(el("pre", "error", item.text));
+      else if (item.kind === "log") log.appendChild(el("pre", "log", item.text));
+      else entry.appendChild(el("pre", null, item.text));
     }
     results.scrollTop = results.scrollHeight;
   }
