@@ -21,6 +21,11 @@ DEFAULT_SIZE_LIMIT = 50_000_000
 # build terms without the engine (f(k) = f(k-1) + f(k-1) doubles a flat sum at every k, 2^40
 # summands at f(40)); this stops them within a second, at a million, instead of filling memory.
 WIDTH_SHARE = 50
+# One call of a definition from a statement may make at most a fiftieth of the step limit of calls
+# (40,000 by default; the memo's answers do not count): f(k, Z) = f(k-1, m(Z)) + f(k-1, a(Z)) makes
+# 2^41 distinct calls for f(40, X) and stops within seconds instead of building for hours. A
+# program's calls are its layers and blocks: hundreds, not tens of thousands.
+CALL_SHARE = 50
 
 # dot lays out 300 nodes and 600 edges of a term graph in a few seconds; the depth-8 normal form
 # that took it 276 s had 405 nodes and many times more edges. A picture past these is unreadable.
