@@ -558,8 +558,8 @@ class Elaborator:
         if self._calls > self._call_limit():
             raise self.error("%s(%s): more than %d calls of definitions to evaluate one (the call limit, a "
                              "fiftieth of the step limit): does a definition call itself more than once, "
-                             "expanding exponentially? (--step-limit N raises it)" % (name, ", ".join(_short(a) for a in args),
-                                                             self._call_limit()), node)
+                             "expanding exponentially? (--step-limit N raises it)"
+                             % (name, ", ".join(_short(a) for a in args), self._call_limit()), node)
         if self._depth >= DEPTH_LIMIT:
             raise self.error("%s(%s) did not reach a base case within %d nested calls (the depth limit): "
                              "does every recursive clause of %s move towards one?"
