@@ -7,7 +7,9 @@ size limit   term cells one rewrite may build before it is declared growing with
 max nodes    boxes of a diagram, refused before any layout
 max edges    edges of a diagram, likewise
 time limit   seconds a training run or a conjugate-gradient solve is estimated to take (its count
-             times the measured cost of one step or iteration) before it is refused unstarted
+             times the measured cost of one step or iteration) before it is refused unstarted, and
+             the seconds a training run or a flow may take as it goes (its clock, checked at every
+             step and iteration)
 """
 
 DEFAULT_STEP_LIMIT = 2_000_000
@@ -32,6 +34,7 @@ CALL_SHARE = 50
 DEFAULT_MAX_NODES = 300
 DEFAULT_MAX_EDGES = 600
 
-# A training run of N steps, or conjugate gradients with an explicit iteration limit, is refused when
-# N times the measured cost of its first step (iteration) exceeds this many seconds: an hour.
+# A training run of N steps, or conjugate gradients with an iteration limit of N (given or 2N + 50),
+# is refused when N times the measured cost of one step (iteration) exceeds this many seconds, and
+# stopped when it has run this long: an hour.
 DEFAULT_TIME_LIMIT = 3_600.0
