@@ -301,7 +301,10 @@ def check_expansion(program, w: Term, what: str) -> None:
           "forms(i) is forms(encoder(i))")
 def _forms(program, e, j=None):
     w = form(error_term(program, e, "forms"))
-    check_expansion(program, w, "forms(%s)" % (e if isinstance(e, Fraction) else short(e, 30)))
+    named = isinstance(e, Term) and e.op == "let"  # E := ...: its name, not its (long) body
+    check_expansion(program, w, "forms(%s)" % (e if isinstance(e, Fraction) else
+                                              "".join([e.data[0]] + ["_%d" % i for i in e.data[1]]) if named
+                                              else short(e, 30)))
     w = program.apply_rules("expandforms", w)
     if j is None:
         return w
