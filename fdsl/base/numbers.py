@@ -24,6 +24,9 @@ _FLOAT_MIN = Fraction(1, 2 ** 1075)
 # Numerator or denominator beyond this many bits: no float64 near it (2^-1074 takes 1074 bits, and
 # a subnormal written with 17 digits, 4.9406564584124654e-324, a denominator of 10^340: 1130 bits).
 _FLOAT_BITS = 1200
+# A power whose base has b + 1 bits is at least 2^(b * exponent) in magnitude (or at most its
+# inverse): beyond float64 once b * exponent passes 1100 (2^1100 > 1.8e308, 2^-1100 < 4.9e-324).
+_POWER_BITS = 1100
 RANGE = "magnitude at most about 1.8e308, and 0 or at least about 4.9e-324"
 OUT_OF_RANGE = "out of range: numbers must fit a float64 (%s)" % RANGE
 
@@ -40,7 +43,7 @@ def power_problem(base: Fraction, exponent: int):
     if base in (0, 1, -1) or exponent == 0:
         return None
     bits = max(abs(base.numerator).bit_length(), base.denominator.bit_length(), 2) - 1
-    if bits * abs(exponent) > _FLOAT_BITS:
+    if bits * abs(exponent) > _POWER_BITS:
         return ("out of range: %s to the power %s is beyond float64 (%s)"
                 % (_brief(base), exponent, RANGE))
     return None

@@ -219,7 +219,8 @@ class Trainer:
         clock = Clock("training %d steps" % steps, self.program.options.get("time_limit"))
         for step in range(steps + 1):
             started = time.perf_counter()
-            clock.check("at step %d" % step)  # before the step: the time so far, not an estimate
+            if step >= 2:  # the time so far, before each step after the two the estimate measures
+                clock.check("at step %d" % step)
             self._clock = (clock, "at step %d" % step)
             try:
                 with np.errstate(all="ignore"):  # a diverging run is caught just below
