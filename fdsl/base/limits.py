@@ -7,7 +7,9 @@ size limit   term cells one rewrite may build before it is declared growing with
 max nodes    boxes of a diagram, refused before any layout
 max edges    edges of a diagram, likewise
 time limit   seconds a training run or a conjugate-gradient solve is estimated to take (its count
-             times the measured cost of one step or iteration) before it is refused unstarted
+             times the measured cost of one step or iteration) before it is refused unstarted, and
+             the seconds a training run or a flow may take as it goes (its clock, checked at every
+             step and iteration)
 """
 
 DEFAULT_STEP_LIMIT = 2_000_000
@@ -21,12 +23,18 @@ DEFAULT_SIZE_LIMIT = 50_000_000
 # build terms without the engine (f(k) = f(k-1) + f(k-1) doubles a flat sum at every k, 2^40
 # summands at f(40)); this stops them within a second, at a million, instead of filling memory.
 WIDTH_SHARE = 50
+# One call of a definition from a statement may make at most a fiftieth of the step limit of calls
+# (40,000 by default; the memo's answers do not count): f(k, Z) = f(k-1, m(Z)) + f(k-1, a(Z)) makes
+# 2^41 distinct calls for f(40, X) and stops within seconds instead of building for hours. A
+# program's calls are its layers and blocks: hundreds, not tens of thousands.
+CALL_SHARE = 50
 
 # dot lays out 300 nodes and 600 edges of a term graph in a few seconds; the depth-8 normal form
 # that took it 276 s had 405 nodes and many times more edges. A picture past these is unreadable.
 DEFAULT_MAX_NODES = 300
 DEFAULT_MAX_EDGES = 600
 
-# A training run of N steps, or conjugate gradients with an explicit iteration limit, is refused when
-# N times the measured cost of its first step (iteration) exceeds this many seconds: an hour.
+# A training run of N steps, or conjugate gradients with an iteration limit of N (given or 2N + 50),
+# is refused when N times the measured cost of one step (iteration) exceeds this many seconds, and
+# stopped when it has run this long: an hour.
 DEFAULT_TIME_LIMIT = 3_600.0

@@ -4,9 +4,10 @@ Vocabulary
 ----------
 number   a ``Fraction``: numbers in programs and terms are exact, and evaluate as float64.
 range    a number whose magnitude is beyond float64's (about 1.8e308), or whose exact digits
-         would be beyond it (a denominator of more than 1100 bits), or a number other than 0 smaller
-         than float64's least normal number (about 2.2e-308: below it float64 loses digits, and
-         below 4.9e-324 it is 0), is out of range. Checks happen
+         would be beyond it (a denominator of more than 1200 bits), or a number other than 0 that
+         float64 rounds to 0 (below its least subnormal number, about 4.9e-324), is out of range.
+         Numbers between that and the least normal one (about 2.2e-308: ``1e-308``) are float64
+         numbers with fewer digits, and allowed. Checks happen
          before digits are expanded, so ``10^(10^10)`` is refused at once instead of computed for
          hours.
 """
@@ -17,14 +18,22 @@ import sys
 from fractions import Fraction
 
 _FLOAT_MAX = Fraction(int(sys.float_info.max))
-_FLOAT_MIN = Fraction(sys.float_info.min)  # the least normal float64, about 2.2e-308
-_FLOAT_BITS = 1100  # numerator or denominator beyond this many bits: no float64 near it
-OUT_OF_RANGE = "out of range: numbers must fit a float64 (magnitude at most about 1.8e308, not below 1e-308)"
+# Half the least subnormal float64 (2^-1074): anything larger in magnitude rounds to a float64
+# other than 0; this or less rounds to 0 and is no longer the number written.
+_FLOAT_MIN = Fraction(1, 2 ** 1075)
+# Numerator or denominator beyond this many bits: no float64 near it (2^-1074 takes 1074 bits, and
+# a subnormal written with 17 digits, 4.9406564584124654e-324, a denominator of 10^340: 1130 bits).
+_FLOAT_BITS = 1200
+# A power whose base has b + 1 bits is at least 2^(b * exponent) in magnitude (or at most its
+# inverse): beyond float64 once b * exponent passes 1100 (2^1100 > 1.8e308, 2^-1100 < 4.9e-324).
+_POWER_BITS = 1100
+RANGE = "magnitude at most about 1.8e308, and 0 or at least about 4.9e-324"
+OUT_OF_RANGE = "out of range: numbers must fit a float64 (%s)" % RANGE
 
 
 def number_problem(value: Fraction):
     """Why an exact number is refused (beyond float64's range), or None."""
-    if abs(value) > _FLOAT_MAX or value.denominator.bit_length() > _FLOAT_BITS or 0 < abs(value) < _FLOAT_MIN:
+    if abs(value) > _FLOAT_MAX or value.denominator.bit_length() > _FLOAT_BITS or 0 < abs(value) <= _FLOAT_MIN:
         return OUT_OF_RANGE
     return None
 
@@ -34,9 +43,9 @@ def power_problem(base: Fraction, exponent: int):
     if base in (0, 1, -1) or exponent == 0:
         return None
     bits = max(abs(base.numerator).bit_length(), base.denominator.bit_length(), 2) - 1
-    if bits * abs(exponent) > _FLOAT_BITS:
-        return ("out of range: %s to the power %s is beyond float64 (magnitude about 1e-308 to 1.8e308)"
-                % (_brief(base), exponent))
+    if bits * abs(exponent) > _POWER_BITS:
+        return ("out of range: %s to the power %s is beyond float64 (%s)"
+                % (_brief(base), exponent, RANGE))
     return None
 
 

@@ -255,10 +255,74 @@ def _form(program, e):
     return form(error_term(program, e, "form"))
 
 
+# ---- how many summands an expansion makes, before making them ---------------------------------------
+
+_BOUND_CAP = 10 ** 30  # counts are capped here: beyond any limit, and Python's integers stay small
+
+
+def expansion_bound(t: Term) -> int:
+    """About how many summands ``t`` has once every product, differential and linear operator is
+    multiplied out over the sums in it (at most ``_BOUND_CAP``): sums add their operands' counts,
+    products and the linear places of an operator multiply them, and d(A B) counts one summand per
+    factor differentiated (Leibniz). An upper bound for the stdlib's expansions, which may merge
+    summands but never split one further; computed on the shared graph, in a pass over its nodes."""
+    plain: dict = {}  # node -> summands of the node expanded
+    diff: dict = {}  # node -> summands of d(node) expanded
+
+    def places(node):  # the positions a sum in would split the node over
+        op = OPS.get(node.op)
+        if node.op in ("mul", "had") or op is None:
+            return range(len(node.args))
+        return op.linear
+
+    for node in T.postorder(t):
+        if node.op == "add":
+            plain[node] = min(_BOUND_CAP, sum(plain[a] for a in node.args))
+            diff[node] = min(_BOUND_CAP, sum(diff[a] for a in node.args))
+        elif node.op == "sym":
+            plain[node], diff[node] = 1, 1 if node.data[0].kind == "weight" else 0
+        elif node.op == "d":
+            plain[node], diff[node] = diff[node.args[0]], 0
+        elif not node.args:
+            plain[node], diff[node] = 1, 0
+        else:
+            linear = set(places(node))
+            counts = [plain[a] if i in linear else 1 for i, a in enumerate(node.args)]
+            whole = 1
+            for c in counts:
+                whole = min(_BOUND_CAP, whole * c)
+            total = 0
+            for i, a in enumerate(node.args):  # d(node): one term per argument differentiated
+                others = 1
+                for k, c in enumerate(counts):
+                    if k != i:
+                        others = min(_BOUND_CAP, others * c)
+                total = min(_BOUND_CAP, total + diff[a] * others)
+            plain[node], diff[node] = whole, total
+    return plain[t]
+
+
+def check_expansion(program, w: Term, what: str) -> None:
+    """An FdslError before expanding ``w`` if its expansion would hold more summands than one flat
+    sum may (a fiftieth of the size limit): the encoder's form at depth 20 has about 10^17, and
+    would otherwise be expanded until memory or patience ran out."""
+    limit = T.max_width()
+    bound = expansion_bound(w)
+    if bound > limit:
+        about = "more than 10^30" if bound >= _BOUND_CAP else "up to about %.2g" % bound
+        raise FdslError("%s: its expansion would have %s summands, more than the %d one sum may hold (a "
+                        "fiftieth of the size limit; --size-limit N raises it)" % (what, about, limit))
+
+
 @function("forms(E, j?)", "cycle(shiftmm(flatten(expandmm(expandAll(form(E)))))), or its summand j; "
           "forms(i) is forms(encoder(i))")
 def _forms(program, e, j=None):
-    w = program.apply_rules("expandforms", form(error_term(program, e, "forms")))
+    w = form(error_term(program, e, "forms"))
+    named = isinstance(e, Term) and e.op == "let"  # E := ...: its name, not its (long) body
+    check_expansion(program, w, "forms(%s)" % (e if isinstance(e, Fraction) else
+                                              "".join([e.data[0]] + ["_%d" % i for i in e.data[1]]) if named
+                                              else short(e, 30)))
+    w = program.apply_rules("expandforms", w)
     if j is None:
         return w
     parts = T.summands(w)

@@ -95,7 +95,8 @@ def add_limit_options(p, time: bool = True) -> None:
         return
     p.add_argument("--time-limit", type=positive_seconds, metavar="SECONDS", help="a training run (steps) or a "
                    "conjugate-gradient solve (gaussnewton's iterations) estimated to take longer, from the cost of "
-                   "its first steps, is refused before it runs on (default %d)" % DEFAULT_TIME_LIMIT)
+                   "its first steps, is refused before it runs on, and one that runs longer is stopped "
+                   "(default %d)" % DEFAULT_TIME_LIMIT)
 
 
 def set_limits(program, args) -> None:

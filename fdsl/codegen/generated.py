@@ -120,10 +120,11 @@ _DATA_NAMES = tuple(name for name in TRAINED if name not in WEIGHTS)  # the inpu
 
 
 class Model(torch.nn.Module):
-    """The weights, and ``forward(**data)`` the loss: a module for optimisers, torch.compile and
-    DistributedDataParallel. ``weights``: initial values by name (default: the value the
-    declaration gives, ``INIT``, else normal entries scaled by 1/sqrt(rows), as fdsl's ``random``
-    draws them).
+    """The weights, and ``forward(**data)`` the loss (or ``forward(data)``, the data in one dict by
+    printed name, as a constant named ``self`` must be given): a module for optimisers,
+    torch.compile and DistributedDataParallel. ``weights``: initial values by name (default: the
+    value the declaration gives, ``INIT``, else normal entries scaled by 1/sqrt(rows), as fdsl's
+    ``random`` draws them).
 
     Every weight is a parameter of its own, under its printed name: ``named_parameters()`` yields
     ``Q_0``, ``K_0``, ...; ``state_dict()`` and ``load_state_dict()`` go by those names, and
@@ -181,7 +182,10 @@ class Model(torch.nn.Module):
         grads = {name: p.grad for name, p in self.named_weights()}
         return None if all(g is None for g in grads.values()) else grads
 
-    def forward(self, **data):
+    def forward(self, given=None, /, **data):
+        # the data as keywords, or as one dict: model({"self": X}) for a constant torch's own
+        # Module.__call__(self, ...) cannot take as a keyword
+        data = dict(given, **data) if given is not None else data
         weights = dict(self.named_weights())
         if not torch.is_grad_enabled():  # evaluation (torch.no_grad()): the forward sweep alone
             return loss(dict(data, **weights))

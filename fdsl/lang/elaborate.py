@@ -30,6 +30,7 @@ from fractions import Fraction
 from typing import Optional
 
 from ..base.errors import FdslError, Redeclared
+from ..base.limits import CALL_SHARE, DEFAULT_STEP_LIMIT
 from ..base.numbers import number_problem, power_problem
 from ..core import share
 from ..core import terms as T
@@ -84,6 +85,7 @@ class Elaborator:
         self.sources: dict[str, list[str]] = {}  # definition name -> its clauses as written
         self._memo: dict = {}
         self._depth = 0
+        self._calls = 0  # calls of definitions made by the outermost call now running (CALL_SHARE)
         self._runaway = None  # the innermost call when Python's recursion limit is hit
         self._src = (filename, "")
         self._src_lines = (None, [])  # (a text, its lines), for _record_source
@@ -632,6 +634,10 @@ class Elaborator:
         close = close_name(name, known)
         return "; did you mean %r?" % close if close else ""
 
+    def _call_limit(self) -> int:
+        options = getattr(self, "options", None) or {}  # a Program's: its --step-limit
+        return (options.get("step_limit") or DEFAULT_STEP_LIMIT) // CALL_SHARE
+
     def _call_definition(self, name: str, args: list, node: Node):
         key = (name, tuple(args))
         if key in self._memo:
@@ -646,6 +652,12 @@ class Elaborator:
                 break
         else:
             raise self.error("no clause of %s matches %s(%s)" % (name, name, ", ".join(render(a) for a in args)), node)
+        self._calls = 1 if self._depth == 0 else self._calls + 1
+        if self._calls > self._call_limit():
+            raise self.error("%s(%s): more than %d calls of definitions to evaluate one (the call limit, a "
+                             "fiftieth of the step limit): does a definition call itself more than once, "
+                             "expanding exponentially? (--step-limit N raises it)"
+                             % (name, ", ".join(_short(a) for a in args), self._call_limit()), node)
         if self._depth >= DEPTH_LIMIT:
             raise self.error("%s(%s) did not reach a base case within %d nested calls (the depth limit): "
                              "does every recursive clause of %s move towards one?"

@@ -294,7 +294,10 @@ class Ruleset:
     line: int = 0
 
 
-_PARSED: dict = {}  # path -> (mtime, items): the stdlib is parsed once per process
+_PARSED: dict = {}  # path -> (text, items): the stdlib is parsed once per process
+# Imports nested deeper than this are refused: a chain of 20,000 files importing the next would
+# otherwise recurse once per file (past Python's stack) and compare each with all the ones above it.
+IMPORT_DEPTH = 100
 
 
 # The strategies written in Python that rule files may name, as a table the rule book is handed.
@@ -383,14 +386,15 @@ class RuleBook:
         if resolved in self.files:
             return None
         text = read_source(path, "rule file")
-        mtime = path.stat().st_mtime
         if not _in_stdlib(path):
             self.digest.update(hashlib.sha256(text.encode()).digest())
             self._texts[_display_path(path)] = text
         self.files.append(resolved)
+        # keyed by the text, not the time of change: a file replaced by another with the same time
+        # (tar x, cp -p, rsync -t) is parsed afresh; the same text under its name is not
         cached = _PARSED.get(resolved)
-        if cached is None or cached[0] != mtime:
-            cached = _PARSED[resolved] = (mtime, parse_rule_file(text, str(path)))
+        if cached is None or cached[0] != text:
+            cached = _PARSED[resolved] = (text, parse_rule_file(text, str(path)))
         items = cached[1]
         current = None
         display = _display_path(path)
@@ -407,6 +411,10 @@ class RuleBook:
         for item in items:
             kind = item["kind"]
             if kind == "import":
+                if len(chain) + 1 >= IMPORT_DEPTH:  # checked before the file is looked for, let alone read
+                    raise err("cannot import %r: rule files import each other more than %d deep (the import "
+                              "depth limit), starting at %s" % (item["path"], IMPORT_DEPTH,
+                                                                (chain[0][1] if chain else display)), item)
                 try:
                     target = self._resolve_import(item["path"], path)
                 except FdslError as e:  # a name the confinement refuses (fdsl serve): said at the import

@@ -17,7 +17,9 @@ key         a hash of the Lark version, the grammar's name and start symbol, and
 checked     the file is a JSON object of exactly the expected shape (a key, the tables' ``data``
             and ``memo``); Lark's deserialiser then makes only its own classes (``Rule``,
             ``TerminalDef``, ``ParserConf``, ...), named from a fixed table. Anything else, or any
-            error while loading, means the tables are built from the grammar.
+            error while loading, means the tables are built from the grammar. So does a tables
+            file that is not a regular file (a FIFO would block the open, a device the read): it is
+            opened without blocking and looked at before a byte is read.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 
 from lark import Lark
@@ -65,7 +68,8 @@ def grammar_key(grammar: str, start: str) -> str:
     import lark
 
     folder = grammar_path(grammar).parent
-    texts = "".join("%s\0%s\0" % (p.name, p.read_text()) for p in sorted(folder.glob("*.lark")))
+    read = ((p.name, _read_regular(p, 1 << 20)) for p in sorted(folder.glob("*.lark")))
+    texts = "".join("%s\0%s\0" % (name, raw.decode()) for name, raw in read if raw is not None)
     return hashlib.sha256(("%s|%s|%s|%s" % (lark.__version__, grammar, start, texts)).encode()).hexdigest()
 
 
@@ -88,8 +92,10 @@ def _from_tables(grammar: str, start: str, options: dict):
     if os.environ.get("FDSL_BUILD_PARSER"):  # build from the grammar (to time it, or to rule out the tables)
         return None
     try:
-        with open(tables_file(grammar), "rb") as f:
-            doc = json.loads(f.read(16 * 1024 * 1024), object_hook=_decode)
+        raw = _read_regular(tables_file(grammar), 16 * 1024 * 1024)
+        if raw is None:
+            return None
+        doc = json.loads(raw, object_hook=_decode)
         if not (isinstance(doc, dict) and set(doc) == {"key", "data", "memo"}
                 and isinstance(doc["data"], dict) and isinstance(doc["memo"], dict)):
             return None
@@ -98,6 +104,23 @@ def _from_tables(grammar: str, start: str, options: dict):
         return Lark._load_from_dict(doc["data"], doc["memo"], **options)
     except Exception:  # noqa: BLE001 - any doubt about the file means building from the grammar
         return None
+
+
+def _read_regular(path: Path, limit: int):
+    """At most ``limit`` bytes of ``path`` if it is a regular file, else None (a missing file too).
+    Opened with O_NONBLOCK, so a FIFO in its place does not wait for a writer, and checked on the
+    open descriptor, so nothing can be swapped in between the look and the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)
 
 
 def _decode(obj: dict):

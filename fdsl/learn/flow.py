@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..base.errors import FdslError
-from ..base.estimate import check_estimate
+from ..base.estimate import Clock, check_estimate
 from ..core import terms as T
 from ..core.functions import as_term, function
 from ..core.printers import short
@@ -171,10 +171,11 @@ def _names(names: list, n: int = 6) -> str:
     return ", ".join(names) if len(names) <= n else "%s, ... (%d weights)" % (", ".join(names[:n - 1]), len(names))
 
 
-def conjugate_gradients(apply, b: np.ndarray, tol: float, limit: int) -> tuple:
+def conjugate_gradients(apply, b: np.ndarray, tol: float, limit: int, check=None) -> tuple:
     """Solve ``A x = b`` for symmetric positive (semi)definite A given as ``apply``: (x, iterations,
     relative residual |b - A x| / |b|, converged). Restarts from x when the recursion's residual
-    says it has converged and the true one disagrees (rounding drift)."""
+    says it has converged and the true one disagrees (rounding drift). ``check(iterations)``, if
+    given, is called before every iteration (the run's clock: it may stop the solve)."""
     x = np.zeros_like(b)
     bnorm = float(np.linalg.norm(b))
     if bnorm == 0.0:
@@ -184,6 +185,8 @@ def conjugate_gradients(apply, b: np.ndarray, tol: float, limit: int) -> tuple:
     while True:
         p, rr = r.copy(), float(r @ r)
         while done < limit:
+            if check is not None:
+                check(done)
             ap = apply(p)
             pap = float(p @ ap)
             if not pap > 0.0:
@@ -248,10 +251,13 @@ class Dualizer:
             groups.setdefault(self.specs[name].describe(), []).append(name)
         return "; ".join("%s on %s" % (d, _names(ns)) for d, ns in groups.items())
 
-    def __call__(self, grads: dict, values, evaluator) -> tuple:
+    def __call__(self, grads: dict, values, evaluator, clock=None, where: str = "") -> tuple:
         """(flows by printed weight name, [Solve for each Gauss-Newton block]) at ``values``, from the
         Euclidean gradients ``grads`` (missing weights: zero) and an evaluator over the same values
-        (for the factors of kron metrics)."""
+        (for the factors of kron metrics). ``clock``: the run's (a training run's, ``where`` saying
+        at which step), else one of its own: the solves stop at the time limit."""
+        if clock is None:
+            clock = Clock("the flow of %s" % self.what, self.time_limit)
         sharp = {}
         for name in self.weights:
             g = grads.get(name)
@@ -264,7 +270,7 @@ class Dualizer:
             elif isinstance(spec, Kron):
                 flows[name] = self._kron(spec, name, sharp[name], evaluator)
         for spec, names, jac in self.blocks:
-            block, solve = self._gauss_newton(spec, names, jac, sharp, values)
+            block, solve = self._gauss_newton(spec, names, jac, sharp, values, clock, where)
             flows.update(block)
             solves.append(solve)
         return {n: flows[n] for n in self.weights}, solves
@@ -278,7 +284,8 @@ class Dualizer:
         x = np.linalg.solve(left, sharp)  # L^-1 G^t
         return np.linalg.solve(right, x.T).T  # ... R^-1 (R is symmetric)
 
-    def _gauss_newton(self, spec: GaussNewton, names: list, jac: Jacobian, sharp: dict, values) -> tuple:
+    def _gauss_newton(self, spec: GaussNewton, names: list, jac: Jacobian, sharp: dict, values, clock: Clock,
+                      where: str) -> tuple:
         shapes = [sharp[n].shape for n in names]
         sizes = [int(np.prod(s)) for s in shapes]
         offsets = np.cumsum([0] + sizes)
@@ -296,10 +303,17 @@ class Dualizer:
 
         b = join(sharp)
         limit = spec.limit(b.size)
-        if spec.iterations is not None:  # asked for: the estimate of running them all is checked
-            apply = _estimated(apply, spec.describe(), limit, self.time_limit)
+        # the estimate of running every iteration allowed, asked for or implied (2N + 50), is checked
+        what = spec.describe() if spec.iterations is not None else \
+            "%s (at most 2N + 50 iterations for its N = %d coordinates)" % (spec.describe(), b.size)
+        apply = _estimated(apply, what, limit, self.time_limit)
+
+        def check(done):  # and the run's clock at every iteration, whatever the estimate said
+            clock.check("%s(%s: conjugate gradients at iteration %d)" % (where + " " if where else "",
+                                                                        spec.describe(), done))
+
         with np.errstate(over="ignore", invalid="ignore"):
-            x, iterations, residual, converged = conjugate_gradients(apply, b, spec.tol, limit)
+            x, iterations, residual, converged = conjugate_gradients(apply, b, spec.tol, limit, check)
         if not converged:
             raise FdslError("%s: conjugate gradients reached a relative residual of %.2g, not the tolerance "
                             "%g, within %d iterations (the limit): raise the limit or the tolerance, "

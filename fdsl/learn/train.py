@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from ..base.errors import FdslError
-from ..base.estimate import check_estimate
+from ..base.estimate import Clock, check_estimate
 from ..base.files import Note, Write, target_of
 from ..calculus.gradients import error_of, objective_of
 from ..core import terms as T
@@ -115,6 +115,7 @@ class Trainer:
         if not self.coefficients:
             raise no_weight(program, what, ", so there is nothing to train")
         self.dual = Dualizer(program, list(self.coefficients), what)  # the metric, prepared once
+        self._clock = ()  # (the run's Clock, at which step) while run() runs: the solves look at it
         self.watches = _distinct_labels(list(watches))  # [(label, term)]
         self.scalars = {label for label, t in self.watches if t.scalar}  # recorded as values, not norms
         self.terms = list(self.coefficients.values()) + [t for t in (self.error, self.objective) if t is not None]
@@ -198,7 +199,7 @@ class Trainer:
         else:
             grads = fn(self.values)
             loss = math.sqrt(sum(float(np.sum(g ** 2)) for g in grads.values()))
-        flows, solves = self.dual(grads, self.values, ev)
+        flows, solves = self.dual(grads, self.values, ev, *self._clock)
         record = [loss] + [measure(ev.value(t)) for _, t in self.watches]
         if self.dual.blocks:
             record += [sum(s.iterations for s in solves), max(s.residual for s in solves)]
@@ -215,8 +216,12 @@ class Trainer:
 
         curve = []
         first = None
+        clock = Clock("training %d steps" % steps, self.program.options.get("time_limit"))
         for step in range(steps + 1):
             started = time.perf_counter()
+            if step >= 2:  # the time so far, before each step after the two the estimate measures
+                clock.check("at step %d" % step)
+            self._clock = (clock, "at step %d" % step)
             try:
                 with np.errstate(all="ignore"):  # a diverging run is caught just below
                     loss, flows, record = self.measure()

@@ -174,6 +174,26 @@ def load_values(program, path) -> None:
         store.dims()
 
 
+# The most arrays a values file may hold: a program names hundreds of symbols, not tens of thousands.
+# Counted from the archive's last record before its directory is read (300,000 members, each
+# named X.npy, would otherwise be parsed, all of them, before the first duplicate is seen).
+MAX_MEMBERS = 10_000
+_END = b"PK\x05\x06"  # the zip's end-of-central-directory record: its entry count at offset 10
+
+
+def _member_count(path: Path, size: int) -> Optional[int]:
+    """The number of members the zip archive at ``path`` says it holds (65535 or more: 65535), or None
+    where its end record is not found (zipfile then says what is wrong)."""
+    with open(path, "rb") as f:
+        tail = min(size, 22 + 65535)  # the record, after which a comment of at most 64 KiB
+        f.seek(size - tail)
+        data = f.read(tail)
+    at = data.rfind(_END)
+    if at < 0 or at + 12 > len(data):
+        return None
+    return int.from_bytes(data[at + 10:at + 12], "little")
+
+
 def _check_npz(path: Path) -> None:
     """Before anything is read: a regular file that fits in memory, and a zip archive whose arrays'
     headers (shape and type, read without their data) are real matrices that fit in memory too
@@ -188,6 +208,11 @@ def _check_npz(path: Path) -> None:
     if not zipfile.is_zipfile(path):
         raise FdslError("not an .npz archive of arrays (write one with np.savez(path, X=..., Q_0=...))",
                         file=str(path))
+    count = _member_count(path, st.st_size)
+    if count is not None and count > MAX_MEMBERS:
+        raise FdslError("this values file holds %s%d arrays, more than the %d a values file may hold (the member "
+                        "limit); write only the program's symbols" % ("at least " if count == 0xFFFF else "", count,
+                                                                       MAX_MEMBERS), file=str(path))
     total = 0
     members: dict = {}  # name -> the member that gives it
     with zipfile.ZipFile(path) as z:
