@@ -10,11 +10,15 @@ time, so a busy machine slows a case down without failing it, and a slow case fa
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -597,14 +601,52 @@ def _run(case: Case, root: Path):
     return proc, folder, before == _snapshot(root.parent / "outside")
 
 
+class _Ahead:
+    """The cases run a few at a time ahead of their tests (the machine has cores to spare while one
+    case waits on its subprocess), each in a folder of its own beside its own ``outside``: a test
+    waits for its own case alone, so a slow case fails (or passes) alone and no test depends on
+    another's; a test run by itself starts its case and the next two."""
+
+    AHEAD = 3
+
+    def __init__(self):
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.AHEAD)
+        self.futures: dict = {}
+        self.lock = threading.Lock()
+        self.root = Path(tempfile.mkdtemp(prefix="fdsl-hostile-"))
+
+    def _start(self, case: Case):
+        folder = self.root / case.name
+        (folder / "outside").mkdir(parents=True)
+        (folder / "outside" / "precious.txt").write_text("untouched")
+        return self.pool.submit(_run, case, folder / "cases")
+
+    def result(self, case: Case):
+        with self.lock:
+            at = CASES.index(case)
+            for ahead in CASES[at:at + self.AHEAD]:
+                if ahead.name not in self.futures:
+                    self.futures[ahead.name] = self._start(ahead)
+            future = self.futures[case.name]
+        return future.result()
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ahead():
+    runner = _Ahead()
+    yield runner
+    runner.close()
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_hostile_input(tmp_path, case):
+def test_hostile_input(ahead, case):
     """Each case on its own, in a folder of its own beside a neighbour folder ``outside`` that it
-    must not touch: a slow case fails (or passes) alone, and no case depends on another."""
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "precious.txt").write_text("untouched")
-    proc, folder, outside_untouched = _run(case, tmp_path / "cases")
+    must not touch (run a little ahead of its test: ``_Ahead``)."""
+    proc, folder, outside_untouched = ahead.result(case)
     err = proc.stderr
     assert "Traceback" not in err and "Error:" not in err.split(":", 1)[0], err[-2000:]
     # nothing reaches the terminal raw: no escape sequence, bell or other control character, and
