@@ -333,18 +333,12 @@ LARGE = {  # size: (program, what it is)
 }
 
 
-def _replace(text: str, old: str, new: str) -> str:
-    assert old in text, "bench/training.py: %r is no longer in the program: update the rewrite" % old
-    return text.replace(old, new)
-
-
 def large_source(size: str, context) -> str:
-    """The program of ``size``: examples/gpt2.fd with ids for its tokens (``onehot``); either with
-    the context ``context`` (None: the file's, 128 for gpt2) by rewriting the dims line."""
+    """The program of ``size`` (both declare their tokens ``onehot``: ids), with the context
+    ``context`` (None: the file's; 128 for gpt2, whose 1024 does not fit here) by rewriting the
+    dims line."""
     text = (ROOT / LARGE[size][0]).read_text()
     if size == "gpt2":
-        text = _replace(text, "const X : n x v, Y : n x v                  # one-hot tokens and their next tokens",
-                        "const X, Y : n x v onehot                   # token ids and the ids after them")
         context = context or 128
     if context:
         old = re.search(r"^dim n = (\d+)", text, re.M)
@@ -391,23 +385,30 @@ class FdslMean(nn.Module):
         return self.model(X=x, Y=y) / x.numel()
 
 
-def large_pair(module, dtype, device, seed=0):
-    """(fdsl's Model as FdslMean, the nanoGPT reference) with the same weights, each with its AdamW."""
+def large_pair(module, dtype, device, seed=0, **adamw):
+    """(fdsl's Model as FdslMean, the nanoGPT reference) with the same weights, each with its AdamW
+    (``adamw``: its options, as ``fused=True``)."""
     nanogpt_ref = _ref()
     model = _initialised(module, dtype, device, seed)
     ref = nanogpt_ref.reference_of(model)
-    return FdslMean(model), ref, nanogpt_ref.configure_optimizer(model), nanogpt_ref.configure_optimizer(ref)
+    return (FdslMean(model), ref, nanogpt_ref.configure_optimizer(model, **adamw),
+            nanogpt_ref.configure_optimizer(ref, **adamw))
 
 
-def large_side(module, dtype, device, side, seed=0):
+def large_side(module, dtype, device, side, seed=0, **adamw):
     """One side of ``large_pair`` alone, with its AdamW (the memory measurement holds nothing else)."""
     nanogpt_ref = _ref()
     model = _initialised(module, dtype, device, seed)
     if side == "fdsl":
-        return FdslMean(model), nanogpt_ref.configure_optimizer(model)
+        return FdslMean(model), nanogpt_ref.configure_optimizer(model, **adamw)
     ref = nanogpt_ref.reference_of(model)
     del model
-    return ref, nanogpt_ref.configure_optimizer(ref)
+    return ref, nanogpt_ref.configure_optimizer(ref, **adamw)
+
+
+def _adamw(args) -> dict:
+    """The AdamW options both sides take (nanoGPT's on the CPU: none)."""
+    return {"fused": True} if args.fused else {"foreach": True} if args.foreach else {}
 
 
 def _initialised(module, dtype, device, seed):
@@ -437,7 +438,11 @@ def _sync(device):
 
 
 def ratio_rounds(steps: dict, x, y, rounds, inner, device):
-    """Per-round times (seconds a step) of two step functions, interleaved after 3 warm steps each."""
+    """Per-round times (seconds a step) of two step functions, interleaved after 3 warm steps each.
+    On the CPU the time is the calling thread's CPU time (torch computes on that one thread here):
+    on a shared machine, time another process takes from this one is not counted to either side;
+    on a GPU, wall time between synchronisations."""
+    clock = time.perf_counter if device == "cuda" else time.thread_time
     for s in steps.values():
         for _ in range(3):
             s(x, y)
@@ -445,11 +450,11 @@ def ratio_rounds(steps: dict, x, y, rounds, inner, device):
     for _ in range(rounds):
         for k, s in steps.items():
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(inner):
                 s(x, y)
             _sync(device)
-            times[k].append((time.perf_counter() - t0) / inner)
+            times[k].append((clock() - t0) / inner)
     return times
 
 
@@ -460,7 +465,7 @@ def memory_of(args) -> int:
     import resource
 
     module = import_module(Path(args.module))
-    m, opt = large_side(module, torch.float32, args.device, args.memory_of)
+    m, opt = large_side(module, torch.float32, args.device, args.memory_of, **_adamw(args))
     gc.collect()
     m_run = torch.compile(m) if args.compile else m
     c = nanogpt_config(module)
@@ -497,12 +502,12 @@ def nanogpt_config(module):
     return _ref().config_of(module.SHAPES)
 
 
-def measure_memory(size, path, batch, compiled, device, side):
-    """(peak MiB, rise MiB) of ``side`` in a fresh process."""
+def measure_memory(size, path, batch, compiled, device, side, adamw=()):
+    """(peak MiB, rise MiB) of ``side`` in a fresh process (``adamw``: the optimiser's flags)."""
     import subprocess
 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--size", size, "--memory-of", side, "--module", str(path),
-           "--batch", str(batch), "--device", device] + (["--compile"] if compiled else [])
+           "--batch", str(batch), "--device", device] + (["--compile"] if compiled else []) + list(adamw)
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
     if r.returncode != 0:
@@ -559,11 +564,12 @@ def large(args) -> int:
         % (args.steps, first[0], first[1], max(diffs)))
     del ours, ref, o_ours, o_ref
     say()
-    say("One float32 training step (zero_grad, forward, backward, AdamW), %d interleaved rounds of %d step%s: "
-        "milliseconds a step (median round), fdsl / autograd as the median of the per-round ratios (least - "
+    say("One float32 training step (zero_grad, forward, backward, AdamW%s), %d interleaved rounds of %d step%s: "
+        "milliseconds a step (median round, %s), fdsl / autograd as the median of the per-round ratios (least - "
         "greatest); peak memory of a step, each side in a fresh process (%s), MiB: the peak, and in brackets "
         "its rise over what was resident before the first step."
-        % (args.rounds, args.inner, "" if args.inner == 1 else "s",
+        % (" fused" if args.fused else " foreach" if args.foreach else "", args.rounds, args.inner,
+           "" if args.inner == 1 else "s", "wall time" if device == "cuda" else "the thread's CPU time",
            "torch.cuda.max_memory_allocated" if device == "cuda" else "ru_maxrss"))
     say()
     say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd, median (least - greatest) | "
@@ -572,14 +578,15 @@ def large(args) -> int:
     modes = [False, True] if args.compile else [False]
     for batch in (1, 4):
         for compiled in modes:
-            ours, ref, o_ours, o_ref = large_pair(module, torch.float32, device)
+            ours, ref, o_ours, o_ref = large_pair(module, torch.float32, device, **_adamw(args))
             a, b = (torch.compile(ours), torch.compile(ref)) if compiled else (ours, ref)
             x, y = id_batch(c.vocab, c.context, batch, device, 2)
             t = ratio_rounds({"fdsl": step_fn(a, o_ours), "autograd": step_fn(b, o_ref)}, x, y, args.rounds,
                              args.inner, device)
             del ours, ref, o_ours, o_ref, a, b
             ratios = [p / q for p, q in zip(t["fdsl"], t["autograd"])]
-            (pf, rf), (pa, ra) = (measure_memory(args.size, path, batch, compiled, device, side)
+            flags = ["--fused"] if args.fused else ["--foreach"] if args.foreach else []
+            (pf, rf), (pa, ra) = (measure_memory(args.size, path, batch, compiled, device, side, flags)
                                   for side in ("fdsl", "autograd"))
             say("| %d | %s | %.1f | %.1f | **%.2f** (%.2f - %.2f) | %.0f / %.0f (%.0f / %.0f) |" % (
                 batch, "torch.compile" if compiled else "eager", np.median(t["fdsl"]) * 1e3,

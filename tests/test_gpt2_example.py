@@ -1,6 +1,6 @@
 """examples/gpt2.fd, GPT-2 small's shape (issue 28's code generation benchmark, bench/codegen.py):
 it parses at full size, and a shrunk copy (2 blocks of 2 heads, width 8, context 4, vocabulary
-11) has the gradients of the same model written in torch (tests/test_transformer.py's torch_gpt),
+11; tokens as ids) has the gradients of the same model written in torch (tests/test_transformer.py's torch_gpt),
 through the numpy and the torch generated code. Float64; relative error at most 1e-8 of the
 largest gradient."""
 
@@ -48,11 +48,12 @@ def test_a_shrunk_gpt2_has_the_gradients_of_torch_autograd():
     # E P gf bf; per block g1 b1 g2 b2 c1 c2 W1 W2 bo, and per head Q K V O bq bk bv; no U (tied to E)
     assert len(names) == 4 + blocks * (9 + 7 * heads) and "U" not in names and "bv_1_1" in names, names
     values = symbol_values(p, p["L"])
-    rng = np.random.default_rng(3)  # one-hot tokens, as the model reads them
-    values["X"], values["Y"] = (np.eye(v)[rng.integers(0, v, n)] for _ in range(2))
-    t = _tensors(values)
+    rng = np.random.default_rng(3)  # tokens: ids for fdsl (X, Y are declared onehot), one-hot rows for torch
+    ids = {name: rng.integers(0, v, n) for name in ("X", "Y")}
+    t = _tensors(dict(values, **{name: np.eye(v)[i] for name, i in ids.items()}))
     loss = torch_gpt(t, blocks, heads, k)  # gpt2.fd's, given its weights
     want = {name: -g for name, g in _grads(loss, t, names).items()}  # w = -d(L): -dL/dW
+    values.update(ids)
     assert _close(numpy_grad.gradients(p, w, values), want) <= TOL
     nf = numpy_grad.normal_form(p, w)
     ns = codegen.compile_namespace(codegen.gradients_source(nf, p.dims, target="torch", loss=loss_of(w)))
