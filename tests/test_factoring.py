@@ -139,3 +139,49 @@ def test_factored_gradients_equal_the_unfactored_ones_and_central_differences(mo
         store[name] = W
         fd = (sides[0] - sides[1]) / (2 * h)
         assert abs(-float(np.asarray(g[name])[i]) - fd) <= 1e-6 * max(1.0, abs(fd)), (name, i, fd)
+
+
+def test_the_heads_bias_rows_are_added_in_their_grouped_product(monkeypatch):
+    # nanoGPT's c_attn: q, k and v of every head with its bias row, one addmm (heads.biased_kinds)
+    p = fdsl.parse(MINI_GPT)
+
+    def biased_and_stacks():
+        w = p["w"]
+        low = lowering.Lowering(gradient_terms(p.normal_form(w)), p.dims, "torch", loss=loss_of(w))
+        low.lower()
+        ops = low.sweep.ops
+        return (sum(1 for op in ops if op.kind == "grouped_heads" and op.attrs.get("biased")),
+                sum(1 for op in ops if op.kind == "stack"))
+
+    biased, stacks = biased_and_stacks()
+    assert biased == 2  # one a block
+    monkeypatch.setattr(lowering, "biased_kinds", lambda sweep, kept: None)
+    assert biased_and_stacks() == (0, stacks + 2 * 3)  # the rows of q, k and v stacked in each block
+
+
+def test_the_torch_module_with_biased_heads_has_autograds_gradients(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from fdsl.numbers.values import program_values, random_values
+
+    p = fdsl.parse(MINI_GPT)
+    w = p["w"]
+    random_values(p, 3)
+    store = program_values(p)
+
+    def run():
+        src = gradients_source(p.normal_form(w), p.dims, "test", "torch", loss=loss_of(w))
+        module = compile_namespace(src)
+        values = {name: torch.as_tensor(np.asarray(store[name])) for name in module["INPUTS"]}
+        return module["grads_and_loss"](values), src
+
+    (g, loss), src = run()
+    assert "bias=(" in src
+    with monkeypatch.context() as m:
+        m.setattr(lowering, "biased_kinds", lambda sweep, kept: None)
+        m.setattr(lowering, "factored", lambda order: {n: n for n in order})
+        (g_off, loss_off), src_off = run()
+    assert "bias=(" not in src_off
+    assert abs(float(loss) - float(loss_off)) <= 1e-12 * abs(float(loss_off))
+    for name in g_off:
+        scale = max(1.0, float(g_off[name].abs().max()))
+        assert float((g[name] - g_off[name]).abs().max()) <= 1e-11 * scale, name

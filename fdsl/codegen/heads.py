@@ -306,6 +306,53 @@ def grouped_kinds(sweep: Sweep, kept: set) -> None:
         sweep.rewrite(mapping, before=before)
 
 
+def _biased_kinds(sweep: Sweep, op: Op, kept) -> Optional[tuple]:
+    """``q_h, k_h, v_h = grouped_heads(A, B...)`` whose every kind is read only by ``q_h + bq_h``,
+    ``bq_h = stack(bq_1, ..., bq_h)`` the heads' bias rows (weights, the same for every example):
+    (one ``grouped_heads`` with the bias rows, ``biased``, making the sums; the ops it replaces),
+    or None."""
+    if op.attrs.get("biased") or any(v in kept for v in op.outs):
+        return None
+    sums, stacks, rows = [], [], []
+    for kind in op.outs:
+        users = list(sweep.readers.get(kind, ()))
+        if len(users) != 1:
+            return None
+        add = users[0]
+        if add.kind != "sum" or len(add.args) != 2 or tuple(add.attrs.get("signs", ())) != (1, 1) \
+                or add.attrs.get("unsqueeze") or not all(isinstance(a, Read) and not a.t and not a.scale
+                                                          for a in add.args):
+            return None
+        other = [a.value for a in add.args if a.value is not kind]
+        stack = sweep.maker.get(other[0]) if len(other) == 1 else None
+        if stack is None or stack.kind != "stack" or other[0] in kept or len(stack.args) != op.attrs["h"] \
+                or list(sweep.readers.get(other[0], ())) != [add] \
+                or any(a.t or a.scale or a.value.batched or (a.value.shape or (None,))[0] != 1 for a in stack.args):
+            return None
+        sums.append(add)
+        stacks.append(stack)
+        rows += [a for a in stack.args]
+    product = Op("grouped_heads", [a.out for a in sums], list(op.args) + rows, h=op.attrs["h"], biased=True)
+    return product, [op, *sums, *stacks]
+
+
+def biased_kinds(sweep: Sweep, kept: set) -> None:
+    """The bias rows of an attention's query, key and value heads added as their grouped product is
+    made (``_biased_kinds``): one addmm with the rows side by side, as nn.Linear's fused ``c_attn``
+    adds its bias, instead of a stack of the rows and a pass over each kind's stack (nanoGPT's and
+    GPT-2's attention). ``kept``: values read after the sweep."""
+    mapping: dict = {}
+    before: dict = {}
+    for op in sweep.ops:
+        found = _biased_kinds(sweep, op, kept) if op.kind == "grouped_heads" else None
+        if found is not None:
+            product, replaced = found
+            before[op] = [product]
+            mapping.update({x: [] for x in replaced})
+    if mapping:
+        sweep.rewrite(mapping, before=before)
+
+
 # ---- stacks' heads side by side ------------------------------------------------------------------------
 
 

@@ -156,7 +156,8 @@ KINDS = {
     # the heads of an attention
     "stack": Kind("matrices stacked along a head axis before the last two"),
     "unbind": Kind("a stack's heads as views", multi=True),
-    "grouped_heads": Kind("the grouped Q, K, V product whose kinds are stacks of heads (attrs h)", multi=True),
+    "grouped_heads": Kind("the grouped Q, K, V product whose kinds are stacks of heads (attrs h; biased: the "
+                          "second half of its B are the heads' bias rows, added)", multi=True),
     "side_by_side": Kind("stacks' heads as the columns of one matrix"),
 }
 

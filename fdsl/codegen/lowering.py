@@ -79,7 +79,7 @@ from .fusion import (
     transposed_reads,
     unlet,
 )
-from .heads import grouped_kinds, side_by_side, stacked_heads, stacked_traces
+from .heads import biased_kinds, grouped_kinds, side_by_side, stacked_heads, stacked_traces
 from .ir import Dim, Op, Read, Sweep, Value, check
 from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
 from .onehot import OneHot, summed_scatter
@@ -422,6 +422,7 @@ class Lowering(Products, OneHot, ModuleWriter):
                 lambda s: batched_products(s, kept),
                 lambda s: stacked_heads(s, kept),  # the heads of an attention as one chain on stacks
                 lambda s: grouped_kinds(s, kept),
+                lambda s: biased_kinds(s, kept),  # the heads' bias rows added in the grouped product
                 lambda s: side_by_side(s, kept),
                 lambda s: stacked_traces(s, kept),
                 lambda s: added_products(s, kept),

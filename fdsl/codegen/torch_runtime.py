@@ -279,10 +279,14 @@ def _add_into(P, Z):
     return P + Z
 
 
-def _grouped_heads(A, Bs, h, lp=None):
+def _grouped_heads(A, Bs, h, lp=None, bias=None):
     """A [B_1 ... B_kh] (the h heads of each of k kinds, kind by kind) as k stacks of heads
-    (..., h, rows, cols): views of the one product, no copies."""
-    R = _matmul(A, _cat(Bs, -1), lp)
+    (..., h, rows, cols): views of the one product, no copies. ``bias``: a row for each B_i (its
+    head's bias), added as the product is made (one addmm, as nn.Linear's fused c_attn)."""
+    if bias is None:
+        R = _matmul(A, _cat(Bs, -1), lp)
+    else:
+        R = _addmm(_cat(bias, -1), A, _cat(Bs, -1), lp)
     R = R.unflatten(-1, (len(Bs) // h, h, -1))
     return tuple(R.select(-3, j).transpose(-3, -2) for j in range(len(Bs) // h))
 

@@ -243,8 +243,11 @@ class Writer:
         elif kind == "unbind":
             code = "%s.unbind(-3)" % self.read(a[0])
         elif kind == "grouped_heads":
-            code = "_grouped_heads(%s, %s, %d%s)%s" % (self.read(a[0]), self.reads(a[1:]), op.attrs["h"], lp,
-                                                       "" if len(op.outs) > 1 else "[0]")
+            half = 1 + (len(a) - 1) // 2  # biased: the B, then a bias row for each
+            bs, rows = (a[half:], a[1:half])[::-1] if op.attrs.get("biased") else (a[1:], ())
+            bias = ", bias=%s" % self.reads(rows) if rows else ""
+            code = "_grouped_heads(%s, %s, %d%s%s)%s" % (self.read(a[0]), self.reads(bs), op.attrs["h"], lp, bias,
+                                                         "" if len(op.outs) > 1 else "[0]")
         elif kind == "side_by_side":
             code = "_side_by_side(%s)" % self.reads(a)
         elif kind == "mask":
