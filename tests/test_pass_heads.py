@@ -632,3 +632,23 @@ def test_heads_read_elsewhere_are_still_made():
     assert kinds.count("unbind") == 1 and kinds.count("scale") == 2, sweep.ops
     assert [op.out.hint for op in sweep.ops if op.kind == "scale" and not op.out.heads] == ["a_s"]
     _same(before, sweep, given, sorted(kept, key=lambda v: v.id) + [before.ops[-1].out])
+
+
+def test_stacks_of_a_batch_are_multiplied_where_they_are():
+    # the kinds of a grouped product, (batch, h, n, k) views whose two leading axes do not fold:
+    # _bmm gives @'s product without copying them (one bmm an example)
+    g = torch.Generator().manual_seed(5)
+    R = torch.randn(3, 7, 2 * 4 * 5, dtype=torch.float64, generator=g).unflatten(-1, (2, 4, 5))
+    q, k = (R.select(-3, j).transpose(-3, -2) for j in range(2))
+    assert not rt._foldable(q)
+    want = q @ k.mT
+    copies = []
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            copies.extend([func.__name__] if func.__name__.startswith(("clone", "_unsafe_view", "copy_")) else [])
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        got = rt._bmm(q, k.mT)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12) and copies == [], copies

@@ -202,7 +202,19 @@ def _bmm(A, B, lp=None):
         return _bmm(A.to(lp), B.to(lp)).float()
     if A.dim() == 3 and B.dim() == 3 and A.shape[0] == B.shape[0]:
         return torch.bmm(A, B)
+    if A.dim() == 4 and B.dim() == 4 and A.shape[:2] == B.shape[:2] and not (_foldable(A) and _foldable(B)):
+        # stacks of heads of a batch, views of a grouped product: @ would copy them to fold the two
+        # leading axes into one; one bmm an example reads them where they are
+        out = A.new_empty(A.shape[:2] + (A.shape[-2], B.shape[-1]))
+        for i in range(A.shape[0]):
+            torch.bmm(A[i], B[i], out=out[i])
+        return out
     return A @ B
+
+
+def _foldable(x):
+    """Whether the two leading axes of ``x`` fold into one without a copy."""
+    return x.stride(0) == x.shape[1] * x.stride(1) or x.shape[0] == 1 or x.shape[1] == 1
 
 
 def _matmul_total(A, B, nb, lp=None):
