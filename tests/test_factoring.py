@@ -185,3 +185,52 @@ def test_the_torch_module_with_biased_heads_has_autograds_gradients(monkeypatch)
     for name in g_off:
         scale = max(1.0, float(g_off[name].abs().max()))
         assert float((g[name] - g_off[name]).abs().max()) <= 1e-11 * scale, name
+
+
+def test_the_tied_embeddings_gradient_is_summed_over_the_batch_inside_its_terms(monkeypatch):
+    # E's gradient is its lookup's scatter plus its unembedding's product: each summed over the
+    # batch as it is made (fusion.summed_sum), no (batch, v, d) array; the biases' gradients, a
+    # sum one of whose terms is another bias's gradient, stay right (a term returned is not summed)
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fdsl.numbers.values import program_values, random_values
+
+    p = fdsl.parse(MINI_GPT)
+    w = p["w"]
+    random_values(p, 4)
+    store = program_values(p)
+    batch, v, d = 3, p.dims["v"], p.dims["d"]
+    rng = np.random.default_rng(4)
+
+    class Shapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for x in out if isinstance(out, (tuple, list)) else (out,):
+                if torch.is_tensor(x):
+                    self.seen.add(tuple(x.shape))
+            return out
+
+    def run():
+        src = gradients_source(p.normal_form(w), p.dims, "test", "torch", loss=loss_of(w))
+        module = compile_namespace(src)
+        values = {name: torch.as_tensor(np.asarray(store[name])) for name in module["INPUTS"]}
+        values.update({name: torch.as_tensor(rng.integers(0, v, (batch, p.dims["n"]))) for name in ("X", "Y")})
+        shapes = Shapes()
+        with shapes:
+            g, _ = module["grads_and_loss"](values)
+        return g, shapes.seen
+
+    g, seen = run()
+    assert not {(batch, d, v), (batch, v, d)} & seen, seen
+    rng = np.random.default_rng(4)
+    monkeypatch.setattr(lowering, "summed_sum", lambda sweep, v, returned: False)
+    g_off, seen_off = run()
+    assert {(batch, d, v), (batch, v, d)} & seen_off
+    for name in g_off:
+        scale = max(1.0, float(g_off[name].abs().max()))
+        assert float((g[name] - g_off[name]).abs().max()) <= 1e-11 * scale, name

@@ -75,6 +75,39 @@ def summed_product(sweep: Sweep, v: Value) -> bool:
     return True
 
 
+def summed_sum(sweep: Sweep, v: Value, returned: set) -> bool:
+    """Sum a gradient that is a sum of terms over the batch inside each term: ``G = A_1 @ B_1 +
+    scatter(X, H)^t`` (a tied embedding's: its unembedding's product and its lookup's scatter),
+    read by nothing but the return, each term made for it alone by a product, a sum along an axis
+    or a scatter, every one varying per example and read with a scale that does not: each term
+    ``total``, so no (batch, rows, cols) array of any of them is made (nor of the sum). A term
+    that is itself ``returned`` (another weight's gradient: a bias's, read in the sum of the
+    output bias's) is not. False: left as it is."""
+    op = sweep.maker.get(v)
+    if op is None or op.kind != "sum" or sweep.readers.get(v) or op.attrs.get("head", len(op.args)) != len(op.args):
+        return False
+    makers = []
+    for a in op.args:
+        if not isinstance(a, Read) or any(isinstance(c, Value) and c.batched for c in a.scale):
+            return False
+        m = sweep.maker.get(a.value)
+        if m is None or not a.value.batched or a.value in returned or list(sweep.readers.get(a.value, ())) != [op] \
+                or sum(1 for b in op.args if isinstance(b, Read) and b.value is a.value) != 1:
+            return False
+        summable = (m.kind == "matmul" and not m.attrs.get("out_scale")) or m.kind in ("sum_axis", "scatter")
+        if not summable or m.attrs.get("total") or len(m.outs) != 1:
+            return False
+        if m.kind == "sum_axis" and m.args[0].scale:
+            return False
+        makers.append(m)
+    for m in makers:  # as in summed_product: an attribute changes, the indexes hold
+        m.attrs["total"] = True
+        m.attrs.pop("bmm", None)
+        m.out.batched = False
+    v.batched = False
+    return True
+
+
 def summed_reduction(sweep: Sweep, v: Value) -> bool:
     """Sum a gradient that is a sum along an axis (a bias's, a gain's: ``sum_axis``), read by
     nothing but the return, over the batch in the same reduction (``total``: ``_sum_total(A, -1,

@@ -76,6 +76,7 @@ from .fusion import (
     shared_scalings,
     summed_product,
     summed_reduction,
+    summed_sum,
     transposed_reads,
     unlet,
 )
@@ -386,6 +387,7 @@ class Lowering(Products, OneHot, ModuleWriter):
         inputs = {op.out for op in self.inputs}
         consts = {op.out for op in self.module_consts + self.runtime_consts}
         handed_out: dict = {}  # value -> whether it is summed over the batch already
+        everything_returned = {self.ref(t).var for t in self.outputs.values()}
         for name, t in self.outputs.items():
             ref = self.ref(t)
             if ref.scalar:
@@ -395,8 +397,9 @@ class Lowering(Products, OneHot, ModuleWriter):
                 # (a copy of a gradient summed over the batch in its product is not summed again)
                 results[name] = ("copy", ref, handed_out.get(ref.var, False))
             else:
-                summed = bool(self.batched) and any(
+                summed = bool(self.batched) and (any(
                     f(self.sweep, ref.var) for f in (summed_product, summed_reduction, summed_scatter))
+                    or summed_sum(self.sweep, ref.var, everything_returned))
                 results[name] = ("plain", ref, summed)
                 handed_out[ref.var] = summed
         returned = {r.var for _, r, _ in results.values() if isinstance(r.var, Value)}
