@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BF16 = torch.bfloat16
 PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "addbmm", "dot", "mv"}
 # the calls that move or cast a product's operands or its result (or allocate it), computing nothing
-LAYOUT = {"new_empty", "empty", "_to_copy", "view", "_unsafe_view", "expand", "clone", "t", "transpose", "reshape", "_reshape_alias",
-          "as_strided", "permute", "unsqueeze", "squeeze", "detach", "alias", "copy_", "split", "split_with_sizes",
-          "select", "slice", "unflatten"}
+LAYOUT = {"new_empty", "empty", "_to_copy", "view", "_unsafe_view", "expand", "clone", "t", "transpose",
+          "reshape", "_reshape_alias", "as_strided", "permute", "unsqueeze", "squeeze", "detach", "alias",
+          "copy_", "split", "split_with_sizes", "select", "slice", "unflatten"}
 LOSS_TOL = 3e-2  # relative, bfloat16 has 8 bits of mantissa (unit roundoff 4e-3)
 COSINE = 0.999  # of all the gradients, side by side
 
