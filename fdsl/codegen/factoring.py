@@ -10,9 +10,10 @@ computed     a sum is computed when it is a node of the terms to lower (a forwar
 grounded     a factoring is grounded when every sum it leaves is computed: the factored term
              costs no product that the distributed sum did not, and saves the rest. Only
              grounded factorings are made; a sum that has none stays as it is.
-linear op    an operator of two arguments linear in the second (``aa``, ``mm``, the derivatives
-             ``dgelu``, ``dlayernorm``, ...: ``OPS[op].linear == (1,)``): ``f(A, B_1) + f(A, B_2)``
-             is ``f(A, B_1 + B_2)``.
+linear op    a built-in operator of two arguments linear in the second (``aa``, ``mm``, the
+             derivatives ``dgelu``, ``dlayernorm``, ...: ``OPS[op].linear == (1,)``): ``f(A, B_1)
+             + f(A, B_2)`` is ``f(A, B_1 + B_2)``. Not a rule file's operator: its declared
+             linearity says only that a zero there gives zero.
 
 Why: the normal form distributes every product over every sum, so a bias, a rank-one ``C b``
 added to a product, doubles the terms of each gradient it reaches: ``(X Q + C bq)^t aa(H, G O^t
@@ -67,8 +68,10 @@ def _split(t) -> tuple:
 
 
 def _linear(t) -> bool:
+    """A built-in operator additive in its second argument (a rule file's declaration of
+    linearity says only that a zero there gives zero, not that sums pass through)."""
     op = OPS.get(t.op)
-    return op is not None and op.arity == 2 and tuple(op.linear) == (1,)
+    return op is not None and not op.user and op.arity == 2 and tuple(op.linear) == (1,)
 
 
 class _Factoring:
