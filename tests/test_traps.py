@@ -709,3 +709,43 @@ def test_latex_sets_a_thin_space_between_factors():
     p = fdsl.parse("dim n = 2\nconst X0 : n x n\nscalar s\nencoder_1 := X0 X0\n")
     assert printers.latex(p.expr("s s")) == r"s \, s"
     assert printers.latex(p.expr("s encoder_1")).startswith(r"s \, \mathrm{encoder\_1} \quad")
+
+
+# ---- issue 31, item 9: what the console said stays said (the page itself: tests/test_serve_browser.py) ----
+
+
+def test_the_console_answers_each_command_with_its_error_picture_and_files():
+    """Over HTTP, as the page asks: an error is an item of the command that made it (the page keeps
+    it under that command, not in a box the next command clears), a plot comes back as a picture,
+    a saved file as a file to download, and ``:load`` reads beside the served file."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_helpers import Served
+
+    server = Served("examples/encoder2.fd", "--time-limit", "20")
+    try:
+        status, session = server.post("api/session", {})
+        assert status == 200, session
+
+        def run(text):
+            status, reply = server.post("api/run", {"id": session["id"], "input": text})
+            assert status == 200, reply
+            return reply
+
+        failed = run("show eval(Q[9] + 1)")
+        assert not failed["ok"] and any(i["kind"] == "error" for i in failed["items"]), failed
+        assert run("random 1")["ok"]
+        saved = run('save "x.npz" X')
+        assert [i["path"] for i in saved["items"] if i["kind"] == "file"] == ["x.npz"], saved
+        status, body, _ = server.get(server.url + "files/%s/x.npz" % session["id"])
+        assert status == 200 and body[:2] == b"PK"
+        assert run("run1 = train(w, 2, 0.01, 1)")["ok"]
+        plotted = run('plot "loss.png" run1')
+        assert any(i["kind"] == "png" for i in plotted["items"]), plotted
+        run(":reset")
+        loaded = run(":load natural.fd")  # examples/natural.fd, beside the served file
+        assert loaded["ok"], loaded
+    finally:
+        server.stop()
