@@ -8,6 +8,8 @@ gradients with the unfactored ones (the lowering's earlier path) and with centra
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -53,21 +55,36 @@ w = -d(L)
 """
 
 
-def _sweep_kinds(program, target="torch"):
-    """The op kinds of the sweep the lowering makes for ``w`` of ``program``, counted."""
+def _sweep(program) -> list:
+    """The ops of the torch sweep the lowering makes for ``w`` of ``program``."""
     w = program["w"]
-    low = lowering.Lowering(gradient_terms(program.normal_form(w)), program.dims, target, loss=loss_of(w))
+    low = lowering.Lowering(gradient_terms(program.normal_form(w)), program.dims, "torch", loss=loss_of(w))
     low.lower()
-    counts: dict = {}
-    for op in low.sweep.ops:
-        counts[op.kind] = counts.get(op.kind, 0) + 1
-    return counts
+    return low.sweep.ops
 
 
-@pytest.fixture
-def unfactored(monkeypatch):
-    """The lowering without the factoring (every node as it is)."""
-    monkeypatch.setattr(lowering, "factored", lambda order: {n: n for n in order})
+def _sweep_kinds(program) -> Counter:
+    """The op kinds of ``_sweep``, counted."""
+    return Counter(op.kind for op in _sweep(program))
+
+
+def _unfactored(order):
+    """The factoring switched off: every node as it is."""
+    return {n: n for n in order}
+
+
+def _module(program, target: str):
+    """(the generated module of ``w`` of ``program`` on ``target``, compiled; its source)."""
+    w = program["w"]
+    src = gradients_source(program.normal_form(w), program.dims, "test", target, loss=loss_of(w))
+    return compile_namespace(src), src
+
+
+def _same_gradients(got, want):
+    """Every gradient of ``want`` within 1e-11 of its largest entry (or of 1) in ``got``."""
+    for name in want:
+        g, h = np.asarray(got[name]), np.asarray(want[name])
+        assert np.abs(g - h).max() <= 1e-11 * max(1.0, float(np.abs(h).max())), name
 
 
 def test_a_biased_head_has_one_softmax_backward_and_no_extra_products(monkeypatch):
@@ -75,7 +92,7 @@ def test_a_biased_head_has_one_softmax_backward_and_no_extra_products(monkeypatc
     kinds = _sweep_kinds(p)
     assert kinds.get("aa_given") == 1, kinds  # aa(H, G O^t (X V + C bv)^t): one, not two
     products = kinds.get("matmul", 0) + kinds.get("grouped", 0)
-    monkeypatch.setattr(lowering, "factored", lambda order: {n: n for n in order})
+    monkeypatch.setattr(lowering, "factored", _unfactored)
     off = _sweep_kinds(p)
     assert off.get("aa_given", 0) >= 2 and off.get("matmul", 0) + off.get("grouped", 0) > products, (kinds, off)
 
@@ -106,24 +123,20 @@ def test_factored_gradients_equal_the_unfactored_ones_and_central_differences(mo
     from fdsl.numbers.values import evaluate_in, program_values, random_values
 
     p = fdsl.parse(source)
-    w = p["w"]
     random_values(p, 29)
     store = program_values(p)
 
     def grads():
-        src = gradients_source(p.normal_form(w), p.dims, "test", "numpy", loss=loss_of(w))
-        module = compile_namespace(src)
+        module, _ = _module(p, "numpy")
         return module["grads_and_loss"]({name: store[name] for name in module["INPUTS"]})
 
     g, loss = grads()
     with monkeypatch.context() as m:
-        m.setattr(lowering, "factored", lambda order: {n: n for n in order})
+        m.setattr(lowering, "factored", _unfactored)
         g_off, loss_off = grads()
     assert abs(float(loss) - float(loss_off)) <= 1e-12 * abs(float(loss_off))
     assert set(g) == set(g_off)
-    for name in g_off:
-        scale = max(1.0, float(np.abs(g_off[name]).max()))
-        assert np.abs(np.asarray(g[name]) - np.asarray(g_off[name])).max() <= 1e-11 * scale, name
+    _same_gradients(g, g_off)
     # central differences of the loss on an entry of each weight (w = -d(L): G_W^t = -dL/dW)
     rng = np.random.default_rng(29)
     for name in sorted(g):
@@ -146,10 +159,7 @@ def test_the_heads_bias_rows_are_added_in_their_grouped_product(monkeypatch):
     p = fdsl.parse(MINI_GPT)
 
     def biased_and_stacks():
-        w = p["w"]
-        low = lowering.Lowering(gradient_terms(p.normal_form(w)), p.dims, "torch", loss=loss_of(w))
-        low.lower()
-        ops = low.sweep.ops
+        ops = _sweep(p)
         return (sum(1 for op in ops if op.kind == "grouped_heads" and op.attrs.get("biased")),
                 sum(1 for op in ops if op.kind == "stack"))
 
@@ -159,18 +169,16 @@ def test_the_heads_bias_rows_are_added_in_their_grouped_product(monkeypatch):
     assert biased_and_stacks() == (0, stacks + 2 * 3)  # the rows of q, k and v stacked in each block
 
 
-def test_the_torch_module_with_biased_heads_has_autograds_gradients(monkeypatch):
+def test_the_torch_module_with_biased_heads_has_the_gradients_of_the_path_without_them(monkeypatch):
     torch = pytest.importorskip("torch")
     from fdsl.numbers.values import program_values, random_values
 
     p = fdsl.parse(MINI_GPT)
-    w = p["w"]
     random_values(p, 3)
     store = program_values(p)
 
     def run():
-        src = gradients_source(p.normal_form(w), p.dims, "test", "torch", loss=loss_of(w))
-        module = compile_namespace(src)
+        module, src = _module(p, "torch")
         values = {name: torch.as_tensor(np.asarray(store[name])) for name in module["INPUTS"]}
         return module["grads_and_loss"](values), src
 
@@ -178,13 +186,11 @@ def test_the_torch_module_with_biased_heads_has_autograds_gradients(monkeypatch)
     assert "bias=(" in src
     with monkeypatch.context() as m:
         m.setattr(lowering, "biased_kinds", lambda sweep, kept: None)
-        m.setattr(lowering, "factored", lambda order: {n: n for n in order})
+        m.setattr(lowering, "factored", _unfactored)
         (g_off, loss_off), src_off = run()
     assert "bias=(" not in src_off
     assert abs(float(loss) - float(loss_off)) <= 1e-12 * abs(float(loss_off))
-    for name in g_off:
-        scale = max(1.0, float(g_off[name].abs().max()))
-        assert float((g[name] - g_off[name]).abs().max()) <= 1e-11 * scale, name
+    _same_gradients(g, g_off)
 
 
 def test_the_tied_embeddings_gradient_is_summed_over_the_batch_inside_its_terms(monkeypatch):
@@ -197,7 +203,6 @@ def test_the_tied_embeddings_gradient_is_summed_over_the_batch_inside_its_terms(
     from fdsl.numbers.values import program_values, random_values
 
     p = fdsl.parse(MINI_GPT)
-    w = p["w"]
     random_values(p, 4)
     store = program_values(p)
     batch, v, d = 3, p.dims["v"], p.dims["d"]
@@ -216,8 +221,7 @@ def test_the_tied_embeddings_gradient_is_summed_over_the_batch_inside_its_terms(
             return out
 
     def run():
-        src = gradients_source(p.normal_form(w), p.dims, "test", "torch", loss=loss_of(w))
-        module = compile_namespace(src)
+        module, _ = _module(p, "torch")
         values = {name: torch.as_tensor(np.asarray(store[name])) for name in module["INPUTS"]}
         values.update({name: torch.as_tensor(rng.integers(0, v, (batch, p.dims["n"]))) for name in ("X", "Y")})
         shapes = Shapes()
@@ -231,6 +235,4 @@ def test_the_tied_embeddings_gradient_is_summed_over_the_batch_inside_its_terms(
     monkeypatch.setattr(lowering, "summed_sum", lambda sweep, v, returned: False)
     g_off, seen_off = run()
     assert {(batch, d, v), (batch, v, d)} & seen_off
-    for name in g_off:
-        scale = max(1.0, float(g_off[name].abs().max()))
-        assert float((g[name] - g_off[name]).abs().max()) <= 1e-11 * scale, name
+    _same_gradients(g, g_off)

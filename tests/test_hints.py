@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 import fdsl
-from fdsl.lang.hints import keyword_hint, syntax_hint
-from fdsl.lang.rules import _one_edit_apart
+from fdsl.lang.hints import keyword_hint, one_edit_apart, syntax_hint
 
 DECLS = "dim n, k\nconst X : n x k, Y : n x n\nweight W : k x n\n"
 
@@ -53,14 +52,14 @@ def test_no_hint_for_ordinary_syntax_errors():
                                         ("cycle", "cyle", True), ("normal", "formal", True),
                                         ("shiftmm", "shift", False), ("abc", "cab", False),
                                         ("cycle", "cycle", False), ("linear", "layer", False)])
-def test_one_edit_apart(a, b, near):
-    assert _one_edit_apart(a, b) is near and _one_edit_apart(b, a) is near
+def testone_edit_apart(a, b, near):
+    assert one_edit_apart(a, b) is near and one_edit_apart(b, a) is near
 
 
 def test_the_stdlib_has_no_two_names_one_letter_apart():
     book = fdsl.parse("dim n").rulebook
     names = list(book.rulesets) + list(book.strategies)
-    assert not [(a, b) for a in names for b in names if a < b and (_one_edit_apart(a, b) or a.lower() == b.lower())]
+    assert not [(a, b) for a in names for b in names if a < b and (one_edit_apart(a, b) or a.lower() == b.lower())]
 
 
 def test_a_ruleset_that_applies_somewhere_is_no_error():

@@ -194,20 +194,26 @@ class _Ticking:
         return self.t
 
 
-def test_a_training_run_is_timed_as_it_goes_at_every_step_and_iteration(monkeypatch):
-    """Whatever the estimate says, the run's clock stops it once past the limit: here a clock that
-    gains a second at every look, so a 30-second limit stops a 1000-step run within its first steps,
-    inside the conjugate gradients of a step."""
-    import fdsl as api
+def _tick_at_every_look(monkeypatch, module):
+    """``module``'s run clocks read a ``_Ticking`` time."""
     from fdsl.base import estimate
-    from fdsl.base.errors import FdslError
-    from fdsl.learn import train
 
     class Clock(estimate.Clock):
         def __init__(self, what, limit=None, now=None):
             super().__init__(what, limit, _Ticking())
 
-    monkeypatch.setattr(train, "Clock", Clock)
+    monkeypatch.setattr(module, "Clock", Clock)
+
+
+def test_a_training_run_is_timed_as_it_goes_at_every_step_and_iteration(monkeypatch):
+    """Whatever the estimate says, the run's clock stops it once past the limit: here a clock that
+    gains a second at every look, so a 30-second limit stops a 1000-step run within its first steps,
+    inside the conjugate gradients of a step."""
+    import fdsl as api
+    from fdsl.base.errors import FdslError
+    from fdsl.learn import train
+
+    _tick_at_every_look(monkeypatch, train)
     with pytest.raises(FdslError) as e:
         api.parse("dim n = 4\nconst X : n x n\nweight W : n x n\nE := X - W W\nmetric gaussnewton(E, 1/10)\n"
                   "w = form(E)\nrandom 0\nr = train(w, 1000, 1/100)\n", time_limit=30).run()
@@ -218,15 +224,10 @@ def test_a_training_run_is_timed_as_it_goes_at_every_step_and_iteration(monkeypa
 
 def test_a_flow_is_timed_as_it_goes(monkeypatch):
     import fdsl as api
-    from fdsl.base import estimate
     from fdsl.base.errors import FdslError
     from fdsl.learn import flow
 
-    class Clock(estimate.Clock):
-        def __init__(self, what, limit=None, now=None):
-            super().__init__(what, limit, _Ticking())
-
-    monkeypatch.setattr(flow, "Clock", Clock)
+    _tick_at_every_look(monkeypatch, flow)
     with pytest.raises(FdslError) as e:
         api.parse("dim n = 4\nconst X : n x n\nweight W : n x n\nE := X - W W\nmetric gaussnewton(E, 0, 1e-15)\n"
                   "w = form(E)\nrandom 0\nshow flow(w)\n", time_limit=5).run()

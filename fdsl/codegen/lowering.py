@@ -387,9 +387,10 @@ class Lowering(Products, OneHot, ModuleWriter):
         inputs = {op.out for op in self.inputs}
         consts = {op.out for op in self.module_consts + self.runtime_consts}
         handed_out: dict = {}  # value -> whether it is summed over the batch already
-        everything_returned = {self.ref(t).var for t in self.outputs.values()}
+        refs = {name: self.ref(t) for name, t in self.outputs.items()}
+        returned = {r.var for r in refs.values() if isinstance(r.var, Value)}
         for name, t in self.outputs.items():
-            ref = self.ref(t)
+            ref = refs[name]
             if ref.scalar:
                 results[name] = ("full", ref, self._shape_code(t.shape)[0])
             elif ref.var in consts or ref.var in inputs or ref.var in handed_out:
@@ -399,10 +400,9 @@ class Lowering(Products, OneHot, ModuleWriter):
             else:
                 summed = bool(self.batched) and (any(
                     f(self.sweep, ref.var) for f in (summed_product, summed_reduction, summed_scatter))
-                    or summed_sum(self.sweep, ref.var, everything_returned))
+                    or summed_sum(self.sweep, ref.var, returned))
                 results[name] = ("plain", ref, summed)
                 handed_out[ref.var] = summed
-        returned = {r.var for _, r, _ in results.values() if isinstance(r.var, Value)}
         loss = {self.ref(self.loss).var} if self.loss is not None else set()
         loss = {v for v in loss if isinstance(v, Value)}
         self.run_passes(returned, loss)

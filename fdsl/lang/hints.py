@@ -62,25 +62,26 @@ def close_name(name: str, known) -> Optional[str]:
     ``normal``). Closeness of spelling alone is not closeness of meaning: a name that is only the
     start of a longer one (``norm``, ``normal``; ``diag``, ``diagram``) is another word, not a slip."""
     lower = name.lower()
-    slips = [other for other in known if other != name
-             and (other.lower() == lower or (max(len(name), len(other)) > 1 and _one_slip(lower, other.lower())))]
+    slips = [other for other in known if other != name and (other.lower() == lower or (
+        max(len(name), len(other)) > 1 and one_edit_apart(lower, other.lower(), swaps=True)))]
     # (two one-letter names are one letter apart, and no slip: X for Y)
     return min(slips, key=lambda other: other.lower() != lower) if slips else None
 
 
-def _one_slip(a: str, b: str) -> bool:
-    """One letter inserted, deleted or changed, or two neighbouring letters swapped, turns a into b."""
-    if abs(len(a) - len(b)) > 1:
+def one_edit_apart(a: str, b: str, swaps: bool = False) -> bool:
+    """One letter inserted, deleted or changed (with ``swaps``, or two neighbouring letters
+    swapped) turns ``a`` into ``b``; never for ``a == b``."""
+    if a == b or abs(len(a) - len(b)) > 1:
         return False
     if len(a) > len(b):
         a, b = b, a
     i = 0
     while i < len(a) and a[i] == b[i]:
         i += 1
-    if len(a) == len(b):
-        swapped = i + 1 < len(a) and a[i] == b[i + 1] and a[i + 1] == b[i] and a[i + 2:] == b[i + 2:]
-        return swapped or a[i + 1:] == b[i + 1:]
-    return a[i:] == b[i + 1:]
+    swapped = swaps and len(a) == len(b) and i + 1 < len(a) and a[i] == b[i + 1] and a[i + 1] == b[i] \
+        and a[i + 2:] == b[i + 2:]
+    # the first difference: skip one letter of the longer name, or one of each if equally long
+    return swapped or a[i + (len(a) == len(b)):] == b[i + 1:]
 
 
 def keyword_hint(word: str) -> Optional[str]:

@@ -42,6 +42,7 @@ from ..core import terms as T
 from ..core.ops import ShapeError
 from ..rewrite.engine import PREDICATES, Builtin, Engine, Rule, Strategy
 from ..rewrite.patterns import Bag, Exponent, Num, Op, Seq, Var, Word, build, heads, variables
+from .hints import one_edit_apart
 from .parse import Node, ToAst, _parser, syntax_error
 
 
@@ -500,7 +501,7 @@ class RuleBook:
                             key=lambda other: (rank(other), spelling.order[other]))
         spelling.add(name)  # the caller declares it next (or fails, and the tables are restored)
         for other in candidates:
-            if other.lower() == name.lower() or _one_edit_apart(other, name):
+            if other.lower() == name.lower() or one_edit_apart(other, name):
                 kind = "ruleset" if other in self.rulesets else "strategy"
                 if what == kind == "ruleset":
                     raise err("ruleset %s would be a new, empty ruleset, but there is a ruleset %s: to add "
@@ -765,19 +766,6 @@ class _Spelling:
         keys = [("lower", name.lower()), ("less", name)] + [k for i in range(len(name)) for k in (
             ("self", name[:i] + name[i + 1:]), ("changed", i, name[:i] + name[i + 1:]))]
         return {other for key in keys for other in self.keys.get(key, ()) if other != name}
-
-
-def _one_edit_apart(a: str, b: str) -> bool:
-    """True if one letter inserted, deleted or changed turns ``a`` into ``b``."""
-    if a == b or abs(len(a) - len(b)) > 1:
-        return False
-    if len(a) > len(b):
-        a, b = b, a
-    i = 0
-    while i < len(a) and a[i] == b[i]:
-        i += 1
-    # the first difference: skip one letter of the longer name, or one of each if equally long
-    return a[i + (len(a) == len(b)):] == b[i + 1:]
 
 
 # Patterns are compiled and matched by recursion over their (small) trees: a rule or an operator's
