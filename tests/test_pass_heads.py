@@ -36,6 +36,13 @@ def _read(r, env, op=None):
     return x
 
 
+def _product(xs):
+    out = 1.0
+    for x in xs:
+        out = out * x
+    return out
+
+
 def _run(sweep: Sweep, env: dict) -> dict:
     """Every value of the sweep, from ``env`` (the given values; ``"nb"``: the batch, 0 for none)."""
     env = dict(env)
@@ -80,8 +87,17 @@ def _run(sweep: Sweep, env: dict) -> dict:
             out = a[0] @ rt._cat(a[1:], -2)
         elif k == "split_total":
             out = rt._split_total(a[0], a[1], nb, at["n"], at["axis"])
-        elif k == "side_by_side":
-            out = rt._side_by_side(a)
+        elif k == "side_by_side":  # each stack scaled by the runtime as it is copied in
+            scales = [_product([_scalar(c, env) for c in x.scale]) if x.scale else None for x in op.args]
+            out = rt._side_by_side([_read(x._replace(scale=()), env, op) for x in op.args], scales)
+        elif k == "sum_axis":
+            assert at.get("total")
+            out = rt._sum_total(a[0], at["axis"], nb)
+            out = out.mT if at.get("view_t") else out
+            for c in at.get("out_scale", ()):
+                out = _scalar(c, env) * out
+        elif k == "split":
+            out = a[0].chunk(at["n"], at["axis"])
         else:
             raise AssertionError(k)
         outs = tuple(out) if KINDS[k].multi else (out,)
@@ -544,13 +560,12 @@ def test_the_heads_of_stacks_are_read_side_by_side():
     before = _copy(sweep)
     side_by_side(sweep, kept)
     check(sweep, given=given)
-    assert _kinds(sweep) == ["scale", "side_by_side", "split_total", "cat_matmul", "side_by_side", "split_total"], \
-        sweep.ops
+    assert _kinds(sweep) == ["side_by_side", "split_total", "cat_matmul", "side_by_side", "split_total"], sweep.ops
     X_h, Y_h = before.ops[0].args[0].value, before.ops[1].args[0].value
-    scaled, wide, total, adjoint, wide2, rows = sweep.ops
-    # (a_s, b_s) scaled once, as a stack; the stacks side by side in the order they were made
-    assert scaled.args == (Read(X_h, scale=(0.5,)),) and scaled.out.heads == 2 and scaled.out.hint is X_h
-    assert wide.args == (Read(scaled.out), Read(Y_h)) and wide.out.shape == (5, 16) and wide.out.hint is scaled.out
+    wide, total, adjoint, wide2, rows = sweep.ops
+    # (a_s, b_s) scaled as the stack is copied in (no array of it scaled); the stacks side by side
+    # in the order they were made
+    assert wide.args == (Read(X_h, scale=(0.5,)), Read(Y_h)) and wide.out.shape == (5, 16) and wide.out.hint is X_h
     g = before.ops[4].outs
     assert total.outs == g and total.args == (Read(before.ops[4].args[0].value, True), Read(wide.out))
     assert total.attrs == {"n": 4, "axis": -1}
@@ -569,7 +584,7 @@ def test_heads_scaled_by_an_operand_are_side_by_side_as_by_a_literal(scale):
     before = _copy(sweep)
     side_by_side(sweep, kept)
     check(sweep, given=[*given, s, tau])
-    assert _kinds(sweep).count("side_by_side") == 2 and _kinds(sweep).count("scale") == 1, sweep.ops
+    assert _kinds(sweep).count("side_by_side") == 2 and "scale" not in _kinds(sweep), sweep.ops
     assert sweep.ops[0].args[0].scale == factor
     _same(before, sweep, {**given, s: (), tau: ()}, sorted(kept, key=lambda v: v.id))
 
@@ -585,7 +600,8 @@ def test_heads_read_with_a_scale_of_their_own_join_the_scaled_stack():
     before = _copy(sweep)
     side_by_side(sweep, {g1, g2})
     check(sweep, given=[X_h, S])
-    assert _kinds(sweep) == ["scale", "side_by_side", "split_total"] and sweep.ops[2].outs == (g2, g1)
+    assert _kinds(sweep) == ["side_by_side", "split_total"] and sweep.ops[1].outs == (g2, g1)
+    assert sweep.ops[0].args == (Read(X_h, scale=(0.5,)),)
     _same(before, sweep, {X_h: (2, 5, 4), S: (5, 6)}, [g1, g2])
 
 
@@ -610,16 +626,97 @@ def test_heads_not_put_side_by_side():
                    Op("grouped", [g1, g2], [Read(S, True), Read(a), Read(a)], side="cols", total=True)])
     side_by_side(sweep, {g1, g2})
     assert _kinds(sweep) == ["unbind", "grouped"]
-    # a head read transposed by a grouped product by columns, or plain by one by rows
-    sweep = Sweep([Op("unbind", [a, b], [Read(X_h)]),
-                   Op("grouped", [g1, g2], [Read(S, True), Read(a, True), Read(b, True)], side="cols", total=True)])
-    side_by_side(sweep, {g1, g2})
-    assert _kinds(sweep) == ["unbind", "grouped"]
+    # heads read transposed whose widths as read differ (5 x 4 heads read as 4 x 5 beside a 5 x 3 one)
+    c = V("c", (5, 3), True)
+    Y_h = Value(shape=(5, 3), batched=True, heads=1, hint="Y_h")
+    g3 = V("g3", (6, 3))
+    sweep = Sweep([Op("unbind", [a, b], [Read(X_h)]), Op("unbind", [c], [Read(Y_h)]),
+                   Op("grouped", [g1, g2, g3], [Read(S, True), Read(a, True), Read(b, True), Read(c)],
+                      side="cols", total=True)])
+    side_by_side(sweep, {g1, g2, g3})
+    assert _kinds(sweep) == ["unbind", "unbind", "grouped"]
     # a grouped product not summed over the batch
     sweep = Sweep([Op("unbind", [a, b], [Read(X_h)]),
                    Op("grouped", [g1, g2], [Read(S, True), Read(a), Read(b)], side="cols", total=False)])
     side_by_side(sweep, {g1, g2})
     assert _kinds(sweep) == ["unbind", "grouped"]
+
+
+def _transposed_heads(sums=("a", "b")):
+    """A stack of two heads stored transposed, as a backward makes q^t dS (4 x 5 each), read
+    transposed (and scaled) by a weight's gradients and an adjoint; ``sums``: the heads whose
+    scaled sums along their rows (their bias rows' gradients) are made too."""
+    X_h = Value(shape=(4, 5), batched=True, heads=2, hint="X_h")
+    a, b, S = V("a", (4, 5), True), V("b", (4, 5), True), V("S", (5, 6), True)
+    g1, g2, G = V("g1", (6, 4)), V("g2", (6, 4)), V("G", (5, 3), True)
+    P1, P2 = V("P1", (4, 3)), V("P2", (4, 3))
+    heads = {"a": a, "b": b}
+    ops = [Op("unbind", [a, b], [Read(X_h)]),
+           Op("grouped", [g1, g2], [Read(S, True), Read(a, True, (0.5,)), Read(b, True, (0.5,))], side="cols",
+              total=True),
+           Op("sum_of_products", [G], [Read(b, True, (0.5,)), Read(a, True, (0.5,)), Read(P2), Read(P1)], n=2)]
+    rows = []
+    for name in sums:
+        r = V("r" + name, (1, 4))
+        rows.append(r)
+        ops.append(Op("sum_axis", [r], [Read(heads[name])], axis=-1, total=True, view_t=True, out_scale=(0.5,)))
+    given = {X_h: (2, 4, 5), S: (5, 6), P1: (4, 3), P2: (4, 3)}
+    return Sweep(ops), given, [g1, g2, G, *rows], X_h
+
+
+def test_heads_stored_transposed_are_side_by_side_and_their_sums_one_sum():
+    # the stack's heads read transposed are the stack transposed, side by side, scaled as copied
+    # in; the heads' sums along their rows are one sum of the matrix's columns, cut
+    sweep, given, results, X_h = _transposed_heads()
+    before = _copy(sweep)
+    side_by_side(sweep, set(results))
+    check(sweep, given=list(given))
+    assert _kinds(sweep) == ["side_by_side", "sum_axis", "split", "split_total", "cat_matmul"], sweep.ops
+    wide, column_sum, cut, total, adjoint = sweep.ops
+    assert wide.args == (Read(X_h, True, (0.5,)),) and wide.out.shape == (5, 8)
+    assert column_sum.args == (Read(wide.out),) and column_sum.attrs == {"axis": -2, "total": True}
+    assert cut.outs == tuple(results[3:]) and cut.attrs == {"n": 2, "axis": -1}
+    assert adjoint.args[1:] == (before.ops[2].args[3], before.ops[2].args[2])  # P1, P2: the matrix's order
+    _same(before, sweep, given, results)
+
+
+def test_heads_sums_of_some_heads_stay():
+    # one head's sum alone is not a cut of the matrix's column sum: it stays, and its head
+    sweep, given, results, _ = _transposed_heads(sums=("b",))
+    before = _copy(sweep)
+    side_by_side(sweep, set(results))
+    check(sweep, given=list(given))
+    assert _kinds(sweep) == ["unbind", "side_by_side", "split_total", "cat_matmul", "sum_axis"], sweep.ops
+    _same(before, sweep, given, results)
+
+
+def test_stacks_side_by_side_in_the_order_of_the_forwards_weights():
+    # Y_h is made before X_h, but X_h's heads multiply W1, W2 (the first B of the forward's grouped
+    # product) in the adjoint: the matrix puts X_h first, and the adjoint's weights are
+    # concatenated as the forward's are
+    A = V("A", (5, 6), True)
+    W = [V("W%d" % j, (6, 4)) for j in range(1, 5)]
+    q_h, k_h = (Value(shape=(5, 4), batched=True, heads=2, hint=n) for n in ("q_h", "k_h"))
+    Y_h = Value(shape=(5, 4), batched=True, heads=2, hint="Y_h")
+    X_h = Value(shape=(5, 4), batched=True, heads=2, hint="X_h")
+    c, e, a, b = (V(n, (5, 4), True) for n in "ceab")
+    S, G = V("S", (5, 6), True), V("G", (5, 6), True)
+    g = [V("g%d" % j, (6, 4)) for j in range(4)]
+    sweep = Sweep([Op("grouped_heads", [q_h, k_h], [Read(A)] + [Read(w) for w in W], h=2),
+                   Op("unbind", [c, e], [Read(Y_h)]), Op("unbind", [a, b], [Read(X_h)]),
+                   Op("grouped", g, [Read(S, True), Read(c), Read(e), Read(a), Read(b)], side="cols", total=True),
+                   Op("sum_of_products", [G], [Read(c), Read(e), Read(a), Read(b)]
+                      + [Read(W[2], True), Read(W[3], True), Read(W[0], True), Read(W[1], True)], n=4)])
+    before = _copy(sweep)
+    kept = {q_h, k_h, G, *g}
+    side_by_side(sweep, kept)
+    check(sweep, given=[A, *W, Y_h, X_h, S])
+    wide = next(op for op in sweep.ops if op.kind == "side_by_side")
+    adjoint = next(op for op in sweep.ops if op.kind == "cat_matmul")
+    assert wide.args == (Read(X_h), Read(Y_h)), wide
+    assert adjoint.args[1:] == tuple(Read(w, True) for w in W), adjoint
+    given = {A: (5, 6), **{w: (6, 4) for w in W}, Y_h: (2, 5, 4), X_h: (2, 5, 4), S: (5, 6)}
+    _same(before, sweep, given, sorted(kept, key=lambda v: v.id))
 
 
 def test_heads_read_elsewhere_are_still_made():
@@ -629,7 +726,7 @@ def test_heads_read_elsewhere_are_still_made():
     check(sweep, given=given)
     kinds = _kinds(sweep)
     # a and a_s are read by the sum: the unbind of X_h and a_s stay, b_s goes; Y_h's unbind goes
-    assert kinds.count("unbind") == 1 and kinds.count("scale") == 2, sweep.ops
+    assert kinds.count("unbind") == 1 and kinds.count("scale") == 1, sweep.ops
     assert [op.out.hint for op in sweep.ops if op.kind == "scale" and not op.out.heads] == ["a_s"]
     _same(before, sweep, given, sorted(kept, key=lambda v: v.id) + [before.ops[-1].out])
 

@@ -10,7 +10,7 @@ import pytest
 
 from fdsl.codegen import ir
 from fdsl.codegen.ir import Dim, Op, Read, Sweep, Value
-from fdsl.codegen.kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
+from fdsl.codegen.kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards, scattered_into
 from fdsl.codegen.schedule import early_results
 
 torch = pytest.importorskip("torch")
@@ -72,6 +72,10 @@ def _op(op: Op, a: list, nb: int):
         return v.mT if at.get("view_t") else v
     if k == "template":
         return a[0] * a[1] if at["op"] == "had" else torch.log_softmax(a[0], dim=-1)
+    if k == "scatter":
+        return rt._scatter_total(a[0], a[1], at["vocab"], nb) if at.get("total") else rt._scatter(*a, at["vocab"])
+    if k == "scatter_into":
+        return rt._scatter_into(*a, at["vocab"], nb if at.get("total") else None, at["t"])
     table = {"scale": lambda x: x, "cat_matmul": lambda w, *bs: w @ rt._cat(bs, -2),
              "cat_addmm": lambda c, w, *bs: rt._addmm(c, w, rt._cat(bs, -2)),
              "dlayernorm_affine": lambda *xs: rt._dlayernorm_affine(*xs, nb)}
@@ -526,3 +530,67 @@ def test_the_early_results_are_one_walk_over_a_deep_sweep():
     sweep = Sweep(ops + grads)
     early_results(sweep, kept)
     assert sweep.ops[1] is grads[0] and sweep.ops[-1] is ops[-1] and len(sweep) == len(ops) + len(grads)
+
+
+# ---- a scatter added to a product: into it ----------------------------------------------------------
+
+
+def _tied(total=False, transposed=True):
+    """Y = P + S^t (or S): P = H^t G1 (d x v, an unembedding's gradient), S = scatter(ids, G2) (v x d,
+    the embedding's); summed over the batch (``total``) or of one example."""
+    ids = V(5, 7, batched=total)
+    ids.ids = True
+    H, G1, G2 = V(5, 3, batched=total), V(5, 7, batched=total), V(5, 3, batched=total)
+    p, s_, y = V(3, 7), V(7, 3), V(3, 7)
+    ops = [Op("matmul", [p], (R(H, True), R(G1)), **({"total": True} if total else {})),
+           Op("scatter", [s_], (R(ids), R(G2)), vocab=7, **({"total": True} if total else {})),
+           add(y, R(p), R(s_, transposed)) if transposed else add(y, R(s_), R(p))]
+    if not transposed:
+        y.shape = p.shape = (7, 3)
+        ops[0] = Op("matmul", [p], (R(G1, True), R(H)), **({"total": True} if total else {}))
+    return (ids, H, G1, G2), (p, s_, y), ops
+
+
+def _tied_env(given, total, gen):
+    ids, H, G1, G2 = given
+    lead = (2,) if total else ()
+    return {ids: torch.randint(0, 7, (*lead, 5), generator=gen), H: randn(gen, *lead, 5, 3),
+            G1: randn(gen, *lead, 5, 7), G2: randn(gen, *lead, 5, 3)}
+
+
+@pytest.mark.parametrize("total", [False, True])
+@pytest.mark.parametrize("transposed", [True, False])
+def test_a_scatter_added_to_a_product_goes_into_it(total, transposed):
+    # the tied embedding's gradient: its unembedding's product and its lookup's scatter, one array
+    given, (p, s_, y), ops = _tied(total, transposed)
+    ids, H, G1, G2 = given
+    sweep = run(scattered_into, ops, {y}, given)
+    assert [op.kind for op in sweep] == ["matmul", "scatter_into"], sweep.ops
+    into = sweep.ops[1]
+    assert into.outs == (y,) and into.args == (R(p), R(ids), R(G2)) and into.attrs["t"] is transposed
+    assert into.attrs["vocab"] == 7 and bool(into.attrs.get("total")) is total
+    gen = torch.Generator().manual_seed(3)
+    same(ops, sweep.ops, _tied_env(given, total, gen), [y], nb=2 if total else 0)
+
+
+@pytest.mark.parametrize("case", ["product read again", "scatter read again", "kept", "scaled after", "updated",
+                                  "totals differ"])
+def test_a_scatter_that_cannot_go_into_its_product_stays(case):
+    given, (p, s_, y), ops = _tied(True)
+    ids, H, G1, G2 = given
+    kept = {y}
+    if case in ("product read again", "scatter read again"):
+        w = V(3, 7) if case == "product read again" else V(7, 3)
+        ops = ops + [Op("scale", [w], (R(p if case == "product read again" else s_, False, 2.0),))]
+        kept.add(w)
+    elif case == "kept":
+        kept.add(p)
+    elif case == "scaled after":
+        ops[0].attrs["out_scale"] = (0.5,)
+    elif case == "updated":  # G2 written into between the scatter and the sum
+        g3 = V(5, 3, batched=True)
+        ops.insert(2, Op("add_into", [g3], (R(G2), R(H))))
+    elif case == "totals differ":
+        ops[0].attrs.pop("total")
+    before = [op.kind for op in ops]
+    assert [op.kind for op in run(scattered_into, ops, kept, given)] == before

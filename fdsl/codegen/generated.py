@@ -26,6 +26,7 @@ from ..base.errors import FdslError
 from ..calculus.gradients import gradient_terms  # noqa: F401  (codegen.gradient_terms: what it computes)
 from ..core.printers import short
 from ..core.terms import Term
+from .families import families
 from .lowering import Lowering, nodes
 from .targets import TARGETS
 
@@ -40,6 +41,9 @@ SHAPES = %(shapes)r  # None: a dim read off the values; (): a scalar weight, 0-d
 # ("normal", mean, std); a weight not here starts as normal entries / sqrt(rows)
 INIT = %(init)r
 DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one ((rows,): ids)
+# the weights the sweep reads side by side, held by a Model as blocks of one tensor (names, "cols"
+# or "rows": along which they are concatenated; fdsl.codegen.families)
+FAMILIES = %(families)r
 TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and the scalar weights
 
 
@@ -100,6 +104,21 @@ def loss(values: dict):
         return grads_and_loss({name: _declared(name, v) for name, v in values.items()}, False)[1]
     scalars = {name: v for name, v in values.items() if name not in TRAINED}
     return FdslLoss.apply(scalars, *(values[name] for name in TRAINED))
+
+
+def _tied(ps, along):
+    """Whether the parameters ps are blocks of one tensor in the order and layout of _tie."""
+    first = ps[0]
+    if first.dim() not in (1, 2):
+        return False
+    rows = first.dim() == 1 or along == "rows"
+    step = (first.stride(0) if rows else first.stride(1)) * first.element_size()
+    at = first.data_ptr()
+    for p in ps:
+        if p.dim() != first.dim() or p.stride() != first.stride() or p.data_ptr() != at:
+            return False
+        at += (p.shape[0] if rows else p.shape[-1]) * step
+    return True
 
 
 def _initial(name, shape, dtype, device, generator):
@@ -167,6 +186,41 @@ class Model(torch.nn.Module):
             if name in _ROWS:
                 value = value.reshape(-1)
             self.register_parameter(self._names[name], torch.nn.Parameter(value))
+        self._tie()
+
+    def _tie(self):
+        """Hold each family (FAMILIES) as one tensor whose blocks are its weights' parameters (the
+        same Parameter objects, their values kept): the sweep's concatenation of them is then a
+        view. A family whose weights differ in dtype, device or shape from what one tensor can
+        hold stays as it is (the sweep copies it, as for any weights)."""
+        for names, along in FAMILIES:
+            ps = [self.weight(name) for name in names]
+            if _tied(ps, along):
+                continue
+            first = ps[0]
+            if any(p.dtype != first.dtype or p.device != first.device for p in ps):
+                continue
+            if all(p.dim() == 1 for p in ps) and along == "cols":  # rows of one held 1-D: one 1-D storage
+                blocks = [p.detach() for p in ps]
+            elif all(p.dim() == 2 for p in ps):
+                blocks = [p.detach().mT if along == "cols" else p.detach() for p in ps]
+                if len({b.shape[1] for b in blocks}) != 1:
+                    continue
+            else:
+                continue
+            storage = torch.cat(blocks, 0)
+            at = 0
+            with torch.no_grad():
+                for p, b in zip(ps, blocks):
+                    view = storage[at:at + b.shape[0]]
+                    at += b.shape[0]
+                    p.data = view.mT if along == "cols" and view.dim() == 2 else view
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .double(), .cuda() give each parameter new data: the families are held together again
+        out = super()._apply(fn, recurse)
+        self._tie()
+        return out
 
     def named_weights(self):
         """(printed name, its parameter) for every weight, in the order of WEIGHTS."""
@@ -270,7 +324,7 @@ def _module(outputs, dims, target, dtype, loss, lib, lines) -> str:
     extra = ""
     if lib == "torch":
         if loss is not None:
-            extra = _torch_training(lowering, outputs, dims, loss)
+            extra = lambda: _torch_training(lowering, outputs, dims, loss)  # noqa: E731  (after the passes)
         else:
             lines.append("The form is neither form(E) nor -d(L), so there is no loss, Function or Module here.")
     else:
@@ -293,7 +347,9 @@ def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping
             for name in lowering.input_names() if leaves[name].data[0].kind == "const"}  # ids: (rows,)
     what = "1/2 ||E||^2 of w = form(E)" if not loss.scalar else "of w = -d(L)"
     init = {name: leaves[name].data[0].init for name in shapes if leaves[name].data[0].init is not None}
-    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "init": init, "data": data, "loss": what}
+    weights = {op.out: op.attrs["name"] for op in lowering.inputs if op.kind == "input" and op.attrs["name"] in shapes}
+    return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "init": init, "data": data, "loss": what,
+                              "families": tuple(families(lowering.sweep, weights))}
 
 
 def _wrap(s: str, width: int = 96) -> str:

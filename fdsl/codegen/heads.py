@@ -367,6 +367,36 @@ def _scale_key(scale: tuple) -> tuple:
     return tuple(map(one, scale))
 
 
+def _weight_ranks(sweep: Sweep, elements: dict) -> dict:
+    """stack -> where the weights its heads multiply in a sum of products come in the forward's
+    grouped product (its position, then the weight's among its B): the side-by-side matrix puts
+    the stacks in that order, so the weights of the adjoint's product are concatenated as the
+    forward's are (for a Model, a view of the family the two read, no copy: torch_runtime's
+    ``_cat``)."""
+    where: dict = {}
+    for i, op in enumerate(sweep.ops):
+        if op.kind == "grouped_heads":
+            bs = op.args[1:]
+            if op.attrs.get("biased"):
+                bs = bs[:len(bs) // 2]
+            for j, b in enumerate(bs):
+                if isinstance(b, Read):
+                    where.setdefault(b.value, (i, j))
+    rank: dict = {}
+    if not where:
+        return rank
+    for op in sweep.ops:
+        if op.kind != "sum_of_products":
+            continue
+        n = op.attrs["n"]
+        for x, y in zip(op.args[:n], op.args[n:]):
+            e = elements.get(x.value) if isinstance(x, Read) else None
+            at = where.get(y.value) if isinstance(y, Read) else None
+            if e is not None and at is not None:
+                rank[e[0]] = min(rank.get(e[0], at), at)
+    return rank
+
+
 def side_by_side(sweep: Sweep, kept: set) -> None:
     """Grouped products summed over the batch and sums of products over the heads of stacks (see
     the module doc) read one side-by-side matrix of the stacks instead of their heads one by one:
@@ -393,54 +423,56 @@ def side_by_side(sweep: Sweep, kept: set) -> None:
         if op.kind == "scale" and not op.args[0].t and op.args[0].scale and op.args[0].value in heads:
             candidates.append(op)
             elements[op.out] = heads[op.args[0].value] + (op.args[0].scale,)
-    widths = {s: _width(Read(v)) for v, (s, _, _) in heads.items()}  # stack -> its heads' width
+    shapes = {s: v.shape for v, (s, _, _) in heads.items()}  # stack -> one head's shape, as stored
+    rank = _weight_ranks(sweep, elements)
+
+    def width(s, flip):
+        """The width of a head of stack s as read (transposed: ``flip``); None where unknown."""
+        shape = shapes[s]
+        return None if shape is None else shape[0 if flip else 1]
 
     def columns(reads, transposed=False) -> Optional[tuple]:
-        """The (stack, heads, scale) groups of ``reads`` in a canonical order, each complete, and
-        the reads' positions in that order; None unless every read is of an element (read with a
-        scale of its own: the element scaled so)."""
+        """The (stack, heads, scale, flip) groups of ``reads`` in a canonical order, each complete,
+        and the reads' positions in that order; None unless every read is of an element (read
+        with a scale of its own: the element scaled so). An element read the other way round
+        than ``transposed`` says is a head of its stack transposed (``flip``: the stacks a
+        backward makes as q^t dS instead of dS^t q, which the factoring's transposed sums leave)."""
         found = []
         for r in reads:
-            e = elements.get(r.value) if isinstance(r, Read) and r.t == transposed else None
+            e = elements.get(r.value) if isinstance(r, Read) else None
             if e is None:
                 return None
             s, k, h, c = e
-            found.append((s, k, h, c + r.scale))
-        groups = sorted({(s, h, c) for s, _, h, c in found}, key=lambda g: (g[0].id, g[1], _scale_key(g[2])))
+            found.append((s, k, h, c + r.scale, r.t != transposed))
+        groups = sorted({(s, h, c, f) for s, _, h, c, f in found},
+                        key=lambda g: (rank.get(g[0], ()), g[0].id, g[1], _scale_key(g[2]), g[3]))
         slots, offset = {}, 0
-        for s, h, c in groups:
+        for s, h, c, f in groups:
             for k in range(h):
-                slots[(s, k, c)] = offset + k
+                slots[(s, k, c, f)] = offset + k
             offset += h
-        where = [slots[(s, k, c)] for s, k, _, c in found]
-        if sorted(where) != list(range(offset)) or not _alike([widths[s] for s, _, _ in groups]):
+        where = [slots[(s, k, c, f)] for s, k, _, c, f in found]
+        if sorted(where) != list(range(offset)) or not _alike([width(s, f) for s, _, _, f in groups]):
             return None
         return tuple(groups), where
 
     made: dict = {}  # groups -> their side-by-side matrix
-    scaled_stacks: dict = {}  # (stack, scale) -> the stack so scaled
+    made_at: dict = {}  # groups -> the op their matrix is made just before
     before: dict = {}  # op -> the new ops put just before it
     mapping: dict = {}
 
     def wide(groups, at: Op) -> Value:
         if groups in made:
             return made[groups]
-        parts = []
-        for s, h, c in groups:
-            if c:
-                if (s, c) not in scaled_stacks:
-                    v = scaled_stacks[(s, c)] = Value(shape=s.shape, batched=s.batched, heads=s.heads, hint=s,
-                                                      suffix="s")
-                    before.setdefault(at, []).append(Op("scale", [v], [Read(s, scale=c)]))
-                parts.append(scaled_stacks[(s, c)])
-            else:
-                parts.append(s)
-        width = widths[groups[0][0]]
-        count = sum(h for _, h, _ in groups)
-        shape = None if parts[0].shape is None else (
-            parts[0].shape[0], width * count if isinstance(width, int) else None)
-        v = made[groups] = Value(shape=shape, batched=any(p.batched for p in parts), hint=parts[0], suffix="_w")
-        before.setdefault(at, []).append(Op("side_by_side", [v], [Read(p) for p in parts]))
+        # a scaled stack is scaled as it is copied into the matrix (no array of it scaled)
+        parts = [Read(s, f, c) for s, _, c, f in groups]
+        w = width(groups[0][0], groups[0][3])
+        count = sum(h for _, h, _, _ in groups)
+        shape = None if parts[0].shape is None else (parts[0].shape[0], w * count if isinstance(w, int) else None)
+        v = made[groups] = Value(shape=shape, batched=any(p.value.batched for p in parts), hint=parts[0].value,
+                                 suffix="_w")
+        before.setdefault(at, []).append(Op("side_by_side", [v], parts))
+        made_at[groups] = at
         return v
 
     def in_order(items, where) -> list:
@@ -469,6 +501,7 @@ def side_by_side(sweep: Sweep, kept: set) -> None:
                 mapping[op] = [Op("cat_matmul", op.outs, [Read(w)] + in_order(ys, found[1]))]
     if not mapping:
         return
+    _column_sums(sweep, elements, made, made_at, mapping, before)
     sweep.rewrite(mapping, before=before)
     # heads and scaled heads that nothing reads now are not made (a scaled head first: then its head)
     while True:
@@ -478,6 +511,50 @@ def side_by_side(sweep: Sweep, kept: set) -> None:
         sweep.rewrite({op: [] for op in dead})
         gone = set(dead)
         candidates = [op for op in candidates if op not in gone]
+
+
+def _column_sums(sweep: Sweep, elements: dict, made: dict, made_at: dict, mapping: dict, before: dict) -> None:
+    """The sums of the heads along their rows summed over the batch (the gradients of the heads'
+    bias rows, ``_sum_total(q_j^t, -1, _nb)^t`` and ``0.125 *`` it, one or two calls a head) where
+    a side-by-side matrix has those heads, scaled alike, as its columns: one sum of the matrix's
+    columns, cut into the heads' rows (views), put after the matrix is made. Only where every
+    head of the matrix has such a sum and nothing reads one before the matrix is made."""
+    pos = sweep.positions()
+    slots: dict = {}  # groups -> {column block: the sum op}
+    index: dict = {}  # (stack, heads, scale, flip) -> (groups, the group's first block)
+    for groups in made:
+        offset = 0
+        for g in groups:
+            index.setdefault(g, (groups, offset))
+            offset += g[1]
+    for op in sweep.ops:
+        if op.kind != "sum_axis" or not op.attrs.get("total") or op in mapping:
+            continue
+        r = op.args[0]
+        e = elements.get(r.value) if isinstance(r, Read) and not r.t else None
+        if e is None:
+            continue
+        stack, k, h, c = e
+        # a head stored transposed (q_j^t) sums along its columns to the row its column block
+        # in the matrix sums to; one stored as it is, along its rows
+        flip = {(-1, True): True, (-2, False): False}.get((op.attrs["axis"], bool(op.attrs.get("view_t"))))
+        found = index.get((stack, h, c + r.scale + tuple(op.attrs.get("out_scale", ())), flip))
+        if flip is None or found is None:
+            continue
+        groups, first = found
+        slots.setdefault(groups, {}).setdefault(first + k, []).append(op)
+    for groups, found in slots.items():
+        count = sum(g[1] for g in groups)
+        at = made_at[groups]
+        ops = [found.get(j, [None])[0] for j in range(count)]
+        if any(j not in found or len(found[j]) != 1 for j in range(count)) or any(
+                pos[user] <= pos[at] for op in ops for user in sweep.users(op.out)):
+            continue
+        wide = made[groups]
+        total = Value(shape=(1, wide.shape[1]) if wide.shape else None, hint=wide, suffix="_sum")
+        before[at] += [Op("sum_axis", [total], [Read(wide)], axis=-2, total=True),
+                       Op("split", [op.out for op in ops], [Read(total)], n=count, axis=-1)]
+        mapping.update((op, []) for op in ops)
 
 
 # ---- a sum of the heads' traces, on the stacks --------------------------------------------------

@@ -124,6 +124,8 @@ KINDS = {
     "lookup": Kind("onehot(ids) @ A as the rows of A at the ids (an embedding lookup)"),
     "scatter": Kind("onehot(ids)^t @ G as G's rows added at the ids into zeros (attrs vocab; total)"),
     "pick_sum": Kind("trace(onehot(ids)^t A) as the sum of A's entries at the ids"),
+    "scatter_into": Kind("P + onehot(ids)^t G (read transposed: attrs t) as G's rows added at the ids into P, "
+                         "which dies there (attrs vocab; total)", inplace=0),
     "aa_ids": Kind("aa(A, onehot(ids)) from S = a(A): S o (onehot(ids) - p 1^t), p the entries of S at the ids"),
     "add_ids": Kind("P + sign s onehot(ids), written into P, which dies there (attrs sign; the scalars s are "
                     "the operands after the ids)", inplace=0),
@@ -159,6 +161,7 @@ KINDS = {
     "grouped_heads": Kind("the grouped Q, K, V product whose kinds are stacks of heads (attrs h; biased: the "
                           "second half of its B are the heads' bias rows, added)", multi=True),
     "side_by_side": Kind("stacks' heads as the columns of one matrix"),
+    "split": Kind("a matrix cut into n equal parts along an axis, views (attrs n, axis)", multi=True),
 }
 
 

@@ -168,6 +168,41 @@ def added_in_place(sweep: Sweep, kept: set) -> None:
     graph_rewrite(sweep, {"sum": [_sum_into]}, kept)
 
 
+# ---- a scatter added to a product: into it -------------------------------------------------------------
+
+
+def _scatter_sum(sweep: Sweep, op: Op, pos: dict, kept) -> Optional[dict]:
+    # Y = P + S (or S^t), P a product, S = scatter(ids, G), each read nowhere else  =>  Y = scatter_into(P, ids, G)
+    terms = _head(op, (1, 1))
+    if terms is None:
+        return None
+    for p, s in (terms, terms[::-1]):
+        prod, scat = sweep.maker.get(p.value), sweep.maker.get(s.value)
+        if prod is None or scat is None or scat.kind != "scatter" or prod.kind != "matmul" \
+                or prod.attrs.get("out_scale") or prod.attrs.get("bmm") or not _bare(p) or not _unscaled(s):
+            continue
+        if scat.attrs.get("total") != prod.attrs.get("total") or p.value.heads \
+                or not all(_only_reader(sweep, r.value, op, kept) for r in (p, s)):
+            continue
+        if sweep.updated_between(scat.values_read(), pos, pos[scat] + 1, pos[op]):
+            continue  # G is updated in place between the scatter and the sum: keep them apart
+        out, rest = _head_done_by(op)
+        ids, g = scat.args
+        into = Op("scatter_into", [out], (p, ids, g), t=s.t, **scat.attrs)
+        return {op: [into] + rest, scat: []}
+    return None
+
+
+def scattered_into(sweep: Sweep, kept: set) -> None:
+    """``Y = P + onehot(ids)^t G`` (or its transpose), P a product and the scatter each read only
+    by the sum (a tied embedding's gradient: its unembedding's product plus its lookup's scatter):
+    ``Y = scatter_into(P, ids, G)``, G's rows added at the ids into P in place (``index_add_``),
+    instead of a (vocab, cols) array of zeros, the scatter into it, and a sum of two such arrays
+    (GPT-2's vocabulary: 154 MB each). The scatter moves to the sum; nothing between them may
+    update G. ``kept``: the values read after the sweep."""
+    graph_rewrite(sweep, {"sum": [_scatter_sum]}, kept)
+
+
 # ---- an affine layer norm: one kernel forward, one backward -----------------------------------------
 
 

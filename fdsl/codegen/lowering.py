@@ -82,7 +82,7 @@ from .fusion import (
 )
 from .heads import biased_kinds, grouped_kinds, side_by_side, stacked_heads, stacked_traces
 from .ir import Dim, Op, Read, Sweep, Value, check
-from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards
+from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards, scattered_into
 from .onehot import OneHot, summed_scatter
 from .products import Products, _Ref, canon
 from .schedule import early_results
@@ -429,6 +429,7 @@ class Lowering(Products, OneHot, ModuleWriter):
                 lambda s: side_by_side(s, kept),
                 lambda s: stacked_traces(s, kept),
                 lambda s: added_products(s, kept),
+                lambda s: scattered_into(s, kept),  # a tied embedding's scatter into its product
                 lambda s: added_in_place(s, kept),
                 lambda s: affine_layernorms(s, kept),
                 lambda s: logsoftmax_backwards(s, kept),

@@ -38,7 +38,7 @@ from .ir import Op, Read, Sweep, Value
 from .products import _Ref, canon
 
 # the kinds that read ids (the only ones that may)
-IDS_KINDS = ("lookup", "scatter", "pick_sum", "add_ids", "aa_ids")
+IDS_KINDS = ("lookup", "scatter", "pick_sum", "add_ids", "aa_ids", "scatter_into")
 
 
 def is_onehot(t: Term) -> bool:

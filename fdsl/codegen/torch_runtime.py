@@ -240,11 +240,41 @@ def _matmul_total(A, B, nb, lp=None):
 
 def _cat(xs, dim):
     """The matrices side by side along ``dim`` (-1: columns, -2: rows); a matrix beside a batch
-    is repeated for every example."""
+    is repeated for every example. Matrices that are neighbouring blocks of one tensor (the
+    weights of a family a Model holds together: its heads' Q, K and V, their bias rows, the
+    blocks of an output projection) are joined as a view of it, without a copy."""
     if len({x.dim() for x in xs}) > 1:
         nb = next(x.shape[0] for x in xs if x.dim() == 3)
         xs = [x if x.dim() == 3 else x.expand(nb, *x.shape) for x in xs]
+    elif not torch.compiler.is_compiling():  # (a traced graph has no addresses to compare)
+        joined = _neighbours(xs, dim)
+        if joined is not None:
+            return joined
     return torch.cat(xs, dim)
+
+
+def _neighbours(xs, dim):
+    """``torch.cat(xs, dim)`` as a view where the matrices xs are blocks of one tensor, one after
+    the other along ``dim`` with the same strides (each starts where the one before ends); else
+    None. Two tensors alive at once do not share addresses unless they share memory, so the
+    addresses say it."""
+    x0 = xs[0]
+    if x0.dim() != 2 or len(xs) < 2:
+        return None
+    axis = dim % 2
+    strides, across = x0.stride(), x0.shape[1 - axis]
+    step, size = strides[axis] * x0.element_size(), x0.element_size()
+    at, total = x0.data_ptr(), 0
+    for x in xs:
+        if x.dim() != 2 or x.stride() != strides or x.shape[1 - axis] != across or x.data_ptr() != at \
+                or x.dtype != x0.dtype or x.device != x0.device:
+            return None
+        at += x.shape[axis] * step
+        total += x.shape[axis]
+    if size and strides[axis] == 0:
+        return None
+    shape = (total, across) if axis == 0 else (across, total)
+    return x0.as_strided(shape, strides, x0.storage_offset())
 
 
 def _grouped(A, Bs, lp=None):
@@ -303,15 +333,40 @@ def _grouped_heads(A, Bs, h, lp=None, bias=None):
     return tuple(R.select(-3, j).transpose(-3, -2) for j in range(len(Bs) // h))
 
 
-def _side_by_side(stacks):
+def _side_by_side(stacks, scales=None):
     """Stacks of heads (..., h, rows, cols) as one matrix (..., rows, h cols) each, the stacks one
-    after the other along the columns: one copy, as autograd's attention makes."""
-    x = torch.cat([s.transpose(-3, -2) for s in stacks], -2)
+    after the other along the columns: one copy, as autograd's attention makes; ``scales``: a
+    number (or None) for each stack, multiplied in as it is copied."""
+    parts = [s.transpose(-3, -2) for s in stacks]
+    shape = list(parts[0].shape)
+    shape[-2] = sum(p.shape[-2] for p in parts)
+    dtype = parts[0].dtype
+    for p in parts[1:]:
+        dtype = torch.promote_types(dtype, p.dtype)
+    # into a contiguous array: torch.cat would keep the layout of stacks read transposed (heads
+    # made as q^t dS), whose rows are then strided and every product of them copies them first
+    x = torch.empty(shape, dtype=dtype, device=parts[0].device)
+    if scales is None:
+        torch.cat(parts, -2, out=x)
+    else:
+        at = 0
+        for p, c in zip(parts, scales):
+            block = x[..., at:at + p.shape[-2], :]
+            at += p.shape[-2]
+            if c is None:
+                block.copy_(p)
+            else:
+                torch.mul(p, c, out=block)
     return x.reshape(*x.shape[:-2], -1)
 
 
 def _split_total(A, B, nb, count, dim, lp=None):
-    """_matmul_total(A, B, nb) cut into ``count`` equal parts along ``dim`` (views)."""
+    """_matmul_total(A, B, nb) cut into ``count`` equal parts along ``dim`` (views). Cut along the
+    columns, it is made as the transpose of B^t A^t: each part is then the transpose of a
+    contiguous block, the layout of a weight a Model holds in a family (its gradient, so laid
+    out, goes to ``.grad`` without a copy)."""
+    if dim == -1:
+        return tuple(part.mT for part in _matmul_total(B.mT, A.mT, nb, lp).chunk(count, -2))
     return _matmul_total(A, B, nb, lp).chunk(count, dim)
 
 
@@ -616,6 +671,21 @@ def _aa_ids(S, ids):
     index = ids.unsqueeze(-1).expand(*S.shape[:-1], 1)
     p = S.gather(-1, index)
     return (-p * S).scatter_(-1, index, p * (1 - p))
+
+
+def _scatter_into(P, ids, G, vocab, nb, t):
+    """P + onehot(ids)^t G (its transpose when ``t``), G's rows added at the ids into P, a product
+    of the sum's own that dies here (``nb``: summed over the batch, as _scatter_total). Where the
+    shapes or dtypes do not fit one index_add_ (a batch kept per example, a float32 G beside a
+    lower-precision P), the scatter is made and added."""
+    if P.dim() != 2 or P.dtype != G.dtype or not nb and (ids.dim() != 1 or G.dim() != 2):
+        S = _scatter_total(ids, G, vocab, nb)
+        return P + (S.mT if t else S)
+    if nb:
+        ids = ids.expand(nb, ids.shape[-1]).reshape(-1)
+        G = G.expand(nb, *G.shape[-2:]).reshape(-1, G.shape[-1])
+    (P.mT if t else P).index_add_(0, ids, G)
+    return P
 
 
 def _add_ids(P, ids, sign):

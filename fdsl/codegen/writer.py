@@ -193,6 +193,10 @@ class Writer:
                 code = "_scatter_total(%s, %s, %d, _nb)" % (self.read(a[0]), self.read(a[1]), op.attrs["vocab"])
             else:
                 code = "_scatter(%s, %s, %d)" % (self.read(a[0]), self.read(a[1]), op.attrs["vocab"])
+        elif kind == "scatter_into":
+            code = "_scatter_into(%s, %s, %s, %d, %s, %s)" % (
+                self.read(a[0]), self.read(a[1]), self.read(a[2]), op.attrs["vocab"],
+                "_nb" if op.attrs.get("total") else "None", bool(op.attrs.get("t")))
         elif kind == "add_ids":
             # the sign, times the scalar operands after the ids (fdsl.codegen.onehot)
             sign = " * ".join([repr(op.attrs["sign"])] + [self.scalar(s) for s in a[2:]])
@@ -240,6 +244,8 @@ class Writer:
                                                             op.attrs["axis"], lp)
         elif kind == "stack":
             code = "torch.stack(%s, -3)" % self.reads(a)
+        elif kind == "split":
+            code = "%s.chunk(%d, %d)" % (self.read(a[0]), op.attrs["n"], op.attrs["axis"])
         elif kind == "unbind":
             code = "%s.unbind(-3)" % self.read(a[0])
         elif kind == "grouped_heads":
@@ -248,8 +254,11 @@ class Writer:
             bias = ", bias=%s" % self.reads(rows) if rows else ""
             code = "_grouped_heads(%s, %s, %d%s%s)%s" % (self.read(a[0]), self.reads(bs), op.attrs["h"], lp, bias,
                                                          "" if len(op.outs) > 1 else "[0]")
-        elif kind == "side_by_side":
-            code = "_side_by_side(%s)" % self.reads(a)
+        elif kind == "side_by_side":  # each stack scaled (its read's scale) as it is copied in
+            code = "_side_by_side(%s)" % self.reads([r._replace(scale=()) for r in a])
+            if any(r.scale for r in a):
+                code = code[:-1] + ", (%s,))" % ", ".join(
+                    " * ".join(map(self.scalar, r.scale)) if r.scale else "None" for r in a)
         elif kind == "mask":
             code = "%s > 0" % self.read(a[0])
         elif kind == "scalar_matrix":
@@ -469,8 +478,9 @@ class ModuleWriter:
         return [self.array_inputs[op.out] for op in sorted(self.inputs, key=lambda op: _natural(op.out.name))
                 if op.out in self.array_inputs]
 
-    def source(self, docstring: str, extra: str = "") -> str:
-        """The generated module (``extra``: more of it, after the functions)."""
+    def source(self, docstring: str, extra="") -> str:
+        """The generated module (``extra``: more of it, after the functions; a function of no
+        arguments is called once the sweep is final, for what reads it)."""
         results = self.lower()
         self._named()
         w = self.writer
@@ -543,6 +553,8 @@ class ModuleWriter:
         out.append('    """Every gradient G_W^t of the form, by printed weight name; values: arrays by printed '
                    'name."""')
         out.extend(body)
+        if callable(extra):
+            extra = extra()
         if extra:
             out += ["", "", extra.rstrip()]
         out.append("")
