@@ -680,6 +680,28 @@ def test_heads_stored_transposed_are_side_by_side_and_their_sums_one_sum():
     _same(before, sweep, given, results)
 
 
+def test_a_stack_put_side_by_side_transposed_is_made_the_other_way_round():
+    # X_h = A^t B^t (q^t dS), read only transposed by the matrix: made as B A, read as it is
+    sweep, given, results, X_h = _transposed_heads(sums=())
+    A_h = Value(shape=(5, 4), batched=True, heads=2, hint="A_h")
+    B_h = Value(shape=(5, 5), batched=True, heads=2, hint="B_h")
+    sweep = Sweep([Op("matmul", [X_h], [Read(A_h, True), Read(B_h, True)], bmm=True)] + sweep.ops)
+    before = _copy(sweep)
+    side_by_side(sweep, set(results))
+    check(sweep, given=[A_h, B_h, *given])
+    product, wide = sweep.ops[:2]
+    assert product.kind == "matmul" and product.args == (Read(B_h), Read(A_h)) and product.attrs == {"bmm": True}
+    assert product.out.shape == (5, 4) and product.out.heads == 2
+    assert wide.kind == "side_by_side" and wide.args == (Read(product.out, False, (0.5,)),), sweep.ops
+    given = {A_h: (2, 5, 4), B_h: (2, 5, 5), **{v: shape for v, shape in given.items() if v is not X_h}}
+    _same(before, sweep, given, results)
+    # read by anything else too (or after the sweep), it stays as it is made
+    sweep, _, results, X_h = _transposed_heads(sums=())
+    sweep = Sweep([Op("matmul", [X_h], [Read(A_h, True), Read(B_h, True)], bmm=True)] + sweep.ops)
+    side_by_side(sweep, set(results) | {X_h})
+    assert sweep.ops[0].args == (Read(A_h, True), Read(B_h, True)) and sweep.ops[1].args[0].t
+
+
 def test_heads_sums_of_some_heads_stay():
     # one head's sum alone is not a cut of the matrix's column sum: it stays, and its head
     sweep, given, results, _ = _transposed_heads(sums=("b",))
