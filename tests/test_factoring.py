@@ -236,3 +236,19 @@ def test_the_tied_embeddings_gradient_is_summed_over_the_batch_inside_its_terms(
     g_off, seen_off = run()
     assert {(batch, d, v), (batch, v, d)} & seen_off
     _same_gradients(g, g_off)
+
+
+def test_twelve_biased_heads_are_factored_and_stacked(monkeypatch):
+    # GPT-2's twelve heads: the attention input's adjoint is a sum of some seven terms a head
+    # (84), over the bound a sum once had to stay under to be factored (64), which left every
+    # head's backward unstacked (each head its own products); with the bound above it, both
+    # blocks are one grouped product of the heads' kinds forward and one side-by-side backward
+    text = MINI_GPT.replace("heads(i, 1, ln", "heads(i, 11, ln").replace("dim n = 5, v = 7, d = 4, k = 2",
+                                                                         "dim n = 5, v = 7, d = 24, k = 2")
+    p = fdsl.parse(text)
+    kinds = _sweep_kinds(p)
+    assert kinds.get("grouped_heads", 0) >= 4 and kinds.get("side_by_side", 0) >= 4, kinds
+    assert kinds.get("stack", 0) == 0 and kinds.get("aa_given") == 2, kinds  # one softmax backward a block
+    monkeypatch.setattr(lowering, "factored", _unfactored)
+    off = _sweep_kinds(p)
+    assert off.get("aa_given", 0) > 2 or off.get("stack", 0) > 0, off

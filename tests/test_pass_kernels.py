@@ -594,3 +594,49 @@ def test_a_scatter_that_cannot_go_into_its_product_stays(case):
         ops[0].attrs.pop("total")
     before = [op.kind for op in ops]
     assert [op.kind for op in run(scattered_into, ops, kept, given)] == before
+
+
+# ---- a gradient made in its weight's layout ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("scatter", [False, True])
+def test_a_gradient_handed_out_transposed_is_made_the_other_way_round(scatter):
+    from fdsl.codegen.kernels import returned_as_stored
+    from fdsl.codegen.products import _Ref
+
+    given, (p, s_, y), ops = _tied(total=True)
+    ids, H, G1, G2 = given
+    if scatter:  # E's gradient: (H^t G1 + scatter(ids, G2)^t)^t, the scatter into the product
+        sweep = run(scattered_into, ops, {y}, given)
+        out = y
+    else:  # a product alone: (H^t G1)^t
+        sweep = Sweep(ops[:1])
+        out = p
+    before = list(sweep.ops)
+    results = returned_as_stored(sweep, {"E": ("plain", _Ref(out, True), True)})
+    ir.check(sweep, given)
+    how, ref, summed = results["E"]
+    assert how == "plain" and summed and not ref.flip and ref.var.shape == (7, 3), results
+    product = sweep.maker[p] if p in sweep.maker else next(op for op in sweep.ops if op.kind == "matmul")
+    assert product.args == (R(G1, True), R(H)) and product.out.shape == (7, 3), sweep.ops
+    if scatter:
+        assert sweep.ops[-1].kind == "scatter_into" and sweep.ops[-1].attrs["t"] is False
+    gen = torch.Generator().manual_seed(5)
+    env = _tied_env(given, True, gen)
+    want, got = values(before, env, 2)[out].mT, values(sweep.ops, env, 2)[ref.var]
+    assert got.is_contiguous() and torch.allclose(got, want, atol=1e-12)
+
+
+def test_a_gradient_read_elsewhere_or_handed_out_as_it_is_stays():
+    from fdsl.codegen.kernels import returned_as_stored
+    from fdsl.codegen.products import _Ref
+
+    given, (p, s_, y), ops = _tied(total=True)
+    w = V(3, 7)
+    sweep = Sweep(ops[:1] + [Op("scale", [w], (R(p, False, 2.0),))])
+    before = list(sweep.ops)
+    results = {"E": ("plain", _Ref(p, True), True), "F": ("plain", _Ref(w), True)}
+    assert returned_as_stored(sweep, dict(results)) == results and sweep.ops == before
+    sweep = Sweep(ops[:1])
+    results = {"E": ("plain", _Ref(p), True)}
+    assert returned_as_stored(sweep, dict(results)) == results and sweep.ops == ops[:1]

@@ -33,7 +33,7 @@ from typing import Optional
 from ..core import terms as T
 from ..core.ops import OPS
 
-_MOST = 64  # the most summands of one sum factored (a wider sum stays as it is: a bound on the work)
+_MOST = 256  # the most summands of one sum factored (a wider sum stays as it is: a bound on the work)
 
 
 def _bag(terms) -> frozenset:

@@ -82,7 +82,14 @@ from .fusion import (
 )
 from .heads import biased_kinds, grouped_kinds, side_by_side, stacked_heads, stacked_traces
 from .ir import Dim, Op, Read, Sweep, Value, check
-from .kernels import added_in_place, added_products, affine_layernorms, logsoftmax_backwards, scattered_into
+from .kernels import (
+    added_in_place,
+    added_products,
+    affine_layernorms,
+    logsoftmax_backwards,
+    returned_as_stored,
+    scattered_into,
+)
 from .onehot import OneHot, summed_scatter
 from .products import Products, _Ref, canon
 from .schedule import early_results
@@ -406,6 +413,10 @@ class Lowering(Products, OneHot, ModuleWriter):
         loss = {self.ref(self.loss).var} if self.loss is not None else set()
         loss = {v for v in loss if isinstance(v, Value)}
         self.run_passes(returned, loss)
+        if self.target.folds_batches:  # torch: each gradient in its weight's layout
+            results = returned_as_stored(self.sweep, results)
+            if check_passes or os.environ.get("FDSL_CHECK_IR") == "1":
+                check(self.sweep, self.given())
         return results
 
     def run_passes(self, returned: set, loss: set) -> None:

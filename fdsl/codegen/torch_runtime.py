@@ -345,6 +345,10 @@ def _side_by_side(stacks, scales=None):
         dtype = torch.promote_types(dtype, p.dtype)
     # into a contiguous array: torch.cat would keep the layout of stacks read transposed (heads
     # made as q^t dS), whose rows are then strided and every product of them copies them first
+    if torch.compiler.is_compiling():  # (a traced graph writes no views of an array: its compiler lays it out)
+        scaled = [p if c is None else p * c for p, c in zip(parts, scales or [None] * len(parts))]
+        x = torch.cat(scaled, -2).contiguous()
+        return x.reshape(*x.shape[:-2], -1)
     x = torch.empty(shape, dtype=dtype, device=parts[0].device)
     if scales is None:
         torch.cat(parts, -2, out=x)
@@ -617,6 +621,9 @@ def _ids(values, name, rows, vocab, device):
         raise ValueError("%s has shape %s, not (%s,) or (batch, %s) (%s)"
                          % (name, tuple(x.shape), rows, rows, declared))
     bad = (x < 0) | (x >= vocab)
+    if torch.compiler.is_compiling():  # a traced graph checks without leaving it (no message of where)
+        torch._assert_async(bad.logical_not().all(), "%s has an id outside [0, %d)" % (name, vocab))
+        return x
     if bool(bad.any()):
         at = tuple(int(i) for i in bad.nonzero()[0])
         raise ValueError("%s has the id %d at %s, outside [0, %d)" % (name, int(x[at]), at, vocab))
