@@ -68,6 +68,7 @@ from ..core.ops import OPS
 from ..core.ops import shown as op_name
 from ..core.printers import short
 from ..core.terms import Term, postorder
+from .causal import causal_products
 from .factoring import factored
 from .fusion import (
     batched_products,
@@ -432,6 +433,7 @@ class Lowering(Products, OneHot, ModuleWriter):
         ]
         if folds:  # torch: a product of two batches is one bmm, not matmul's five calls
             kept = returned | loss
+            masks = {op.out for op in self.module_consts + self.runtime_consts if op.attrs.get("make") == "causal"}
             steps += [
                 lambda s: batched_products(s, kept),
                 lambda s: stacked_heads(s, kept),  # the heads of an attention as one chain on stacks
@@ -444,6 +446,7 @@ class Lowering(Products, OneHot, ModuleWriter):
                 lambda s: added_in_place(s, kept),
                 lambda s: affine_layernorms(s, kept),
                 lambda s: logsoftmax_backwards(s, kept),
+                lambda s: causal_products(s, kept, masks),  # blocks a causal mask zeroes not multiplied
             ]
         steps.append(lambda s: early_results(s, returned | loss))  # each gradient when its adjoint is known
         for step in steps:

@@ -212,6 +212,57 @@ def _bmm(A, B, lp=None):
     return A @ B
 
 
+_CAUSAL_BLOCK = 64  # the rows of a block of a causal product (fdsl.codegen.causal)
+
+
+def _bmm_causal(A, B, kind, lp=None):
+    """_bmm(A, B) where a causal mask makes a part of the product zero or unread (fdsl.codegen.
+    causal): ``kind`` "L": A is lower triangular (zero above its diagonal); "U": A is upper
+    triangular (the transpose of a lower one); "out": only the product's entries on and below
+    the diagonal are read (the others are made zeros). Multiplied in blocks of rows, each with
+    the columns (or rows of B) it needs: a context of 4 blocks does 5/8 of the product's work.
+    Products too small for two blocks, or of stacks that broadcast, are made whole."""
+    if lp is not None:
+        return _bmm_causal(A.to(lp), B.to(lp), kind).float()
+    n = A.shape[-2]
+    if A.dim() != B.dim() or A.dim() not in (3, 4) or A.shape[:-2] != B.shape[:-2] or A.dtype != B.dtype \
+            or n < 2 * _CAUSAL_BLOCK or (kind != "out" and A.shape[-1] != n):
+        return _bmm(A, B)
+    if torch.compiler.is_compiling():  # (a traced graph writes no views: the blocks, concatenated)
+        return torch.cat([_causal_block(A, B, kind, r0, min(r0 + _CAUSAL_BLOCK, n))
+                          for r0 in range(0, n, _CAUSAL_BLOCK)], -2)
+    out = A.new_empty(A.shape[:-1] + B.shape[-1:])
+    if A.dim() == 3:
+        _causal_blocks(A, B, kind, out)
+    else:  # one example at a time: stacks of heads are views that do not fold (as _bmm)
+        for i in range(A.shape[0]):
+            _causal_blocks(A[i], B[i], kind, out[i])
+    return out
+
+
+def _causal_block(A, B, kind, r0, r1):
+    """Rows r0:r1 of _bmm_causal(A, B, kind), as a new array."""
+    if kind == "L":
+        return A[..., r0:r1, :r1] @ B[..., :r1, :]
+    if kind == "U":
+        return A[..., r0:r1, r0:] @ B[..., r0:, :]
+    return torch.nn.functional.pad(A[..., r0:r1, :] @ B[..., :, :r1], (0, B.shape[-1] - r1))
+
+
+def _causal_blocks(A, B, kind, out):
+    """_bmm_causal of two 3-D stacks, into ``out``."""
+    n = A.shape[-2]
+    for r0 in range(0, n, _CAUSAL_BLOCK):
+        r1 = min(r0 + _CAUSAL_BLOCK, n)
+        if kind == "L":  # rows r0:r1 of a lower A are zero after column r1
+            torch.bmm(A[:, r0:r1, :r1], B[:, :r1], out=out[:, r0:r1])
+        elif kind == "U":  # rows r0:r1 of an upper A are zero before column r0
+            torch.bmm(A[:, r0:r1, r0:], B[:, r0:], out=out[:, r0:r1])
+        else:  # rows r0:r1 are read up to column r1
+            torch.bmm(A[:, r0:r1], B[:, :, :r1], out=out[:, r0:r1, :r1])
+            out[:, r0:r1, r1:] = 0
+
+
 def _foldable(x):
     """Whether the two leading axes of ``x`` fold into one without a copy."""
     return x.stride(0) == x.shape[1] * x.stride(1) or x.shape[0] == 1 or x.shape[1] == 1

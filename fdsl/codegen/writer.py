@@ -182,6 +182,8 @@ class Writer:
         if kind == "matmul":
             if op.attrs.get("total"):
                 code = "_matmul_total(%s, %s, _nb%s)" % (self.read(a[0]), self.read(a[1]), lp)
+            elif op.attrs.get("causal"):  # triangular by a causal mask (fdsl.codegen.causal)
+                code = "_bmm_causal(%s, %s, %r%s)" % (self.read(a[0]), self.read(a[1]), op.attrs["causal"], lp)
             elif op.attrs.get("bmm"):
                 code = "_bmm(%s, %s%s)" % (self.read(a[0]), self.read(a[1]), lp)
             elif lp:

@@ -1,0 +1,123 @@
+"""Causal attention's triangular products (fdsl.codegen.causal): which stacked products a causal
+mask makes triangular (and none where it does not), the runtime's blocked product against the
+whole one, and a GPT's gradients with the pass against the same module without it."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fdsl  # noqa: E402
+from fdsl.calculus.gradients import gradient_terms, loss_of  # noqa: E402
+from fdsl.codegen import lowering  # noqa: E402
+from fdsl.codegen import torch_runtime as rt  # noqa: E402
+from fdsl.codegen.generated import compile_namespace, gradients_source  # noqa: E402
+
+GPT = """dim n = {n}, v = 11, d = 8, k = 4, f = 16
+const X, Y : n x v onehot
+const C : n x 1 = ones
+const M : n x n = {mask}
+scalar s = k^(-1/2)
+weight E : v x d, P : n x d
+weight Q[j], K[j], V[j] : d x k, O[j] : k x d
+weight g, b : 1 x d
+head(j, Z) = a(s Z Q[j] K[j]^t Z^t + M) Z V[j] O[j]
+Z1 = X E + P
+N = layernorm(Z1) * (C g) + C b
+Z2 = Z1 + head(0, N) + head(1, N)
+L = -trace(Y^t logsoftmax(Z2 E^t))
+w = -d(L)
+"""
+
+
+def _program(n=8, mask="causal"):
+    return fdsl.parse(GPT.format(n=n, mask=mask))
+
+
+def _marks(program) -> list:
+    """The causal kinds of the torch sweep's products, in order."""
+    w = program["w"]
+    low = lowering.Lowering(gradient_terms(program.normal_form(w)), program.dims, "torch", loss=loss_of(w))
+    low.lower()
+    return [op.attrs["causal"] for op in low.sweep.ops if op.kind == "matmul" and op.attrs.get("causal")]
+
+
+def test_the_six_products_of_a_causal_attention_are_marked():
+    # forward: the scores (only their lower blocks are read), P V; backward: P^t dO, dO V^t (read
+    # by aa_given of P), dS K, dS^t Q
+    marks = _marks(_program())
+    assert sorted(marks) == ["L", "L", "U", "U", "out", "out"], marks
+
+
+def test_a_mask_that_is_not_the_causal_constant_marks_nothing():
+    # a mask given with the data could be anything: nothing is known zero
+    text = GPT.format(n=8, mask="causal").replace("const M : n x n = causal", "const M : n x n")
+    assert _marks(fdsl.parse(text)) == []
+    text = GPT.format(n=8, mask="causal").replace("+ M)", ")")  # no mask at all
+    assert _marks(fdsl.parse(text)) == []
+
+
+@pytest.mark.parametrize("kind", ["L", "U", "out"])
+@pytest.mark.parametrize("lead", [(3,), (2, 3)])
+@pytest.mark.parametrize("n", [200, 64])
+def test_the_blocked_product_is_the_whole_product_where_it_is_read(kind, lead, n):
+    g = torch.Generator().manual_seed(11)
+    tri = torch.randn(*lead, n, n, generator=g, dtype=torch.float64).tril()
+    B = torch.randn(*lead, n, 5, generator=g, dtype=torch.float64)
+    if kind == "L":
+        A, want_rows = tri, None
+    elif kind == "U":
+        A, want_rows = tri.mT, None
+    else:
+        A = torch.randn(*lead, n, 5, generator=g, dtype=torch.float64)
+        B = torch.randn(*lead, 5, n, generator=g, dtype=torch.float64)
+        want_rows = True
+    got = rt._bmm_causal(A, B, kind)
+    want = A @ B
+    if want_rows:  # only the blocks on and below the diagonal are read; the rest is finite
+        keep = torch.ones(n, n, dtype=torch.bool).tril()
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got[..., keep], want[..., keep], rtol=1e-12, atol=1e-12)
+    else:
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_gpts_gradients_with_the_blocked_products_are_those_without(monkeypatch):
+    # n = 200: four blocks of 64 rows, the last of 8 (a context not a multiple of the block)
+    p = _program(n=200)
+    w = p["w"]
+    from fdsl.numbers.values import program_values, random_values
+
+    random_values(p, 4)
+    store = program_values(p)
+
+    def run():
+        src = gradients_source(p.normal_form(w), p.dims, "test", "torch", loss=loss_of(w))
+        module = compile_namespace(src)
+        values = {name: torch.as_tensor(store[name]) for name in module["INPUTS"]}
+        return module["grads_and_loss"](values), src
+
+    (g, loss), src = run()
+    assert src.count("_bmm_causal(") >= 6
+    monkeypatch.setattr(lowering, "causal_products", lambda sweep, kept, masks: None)
+    (g_off, loss_off), src_off = run()
+    assert "_bmm_causal(" not in src_off.split("def grads_and_loss")[1]
+    assert abs(float(loss) - float(loss_off)) <= 1e-12 * abs(float(loss_off))
+    for name in g_off:
+        scale = max(1.0, float(torch.as_tensor(g_off[name]).abs().max()))
+        assert float((torch.as_tensor(g[name]) - torch.as_tensor(g_off[name])).abs().max()) <= 1e-11 * scale, name
+
+
+@pytest.mark.parametrize("kind", ["L", "U", "out"])
+def test_the_blocks_as_a_traced_graph_makes_them(kind, monkeypatch):
+    # under torch.compile the blocks are concatenated (no writes into views): the same numbers
+    g = torch.Generator().manual_seed(12)
+    tri = torch.randn(2, 3, 150, 150, generator=g, dtype=torch.float64).tril()
+    A = {"L": tri, "U": tri.mT, "out": torch.randn(2, 3, 150, 4, generator=g, dtype=torch.float64)}[kind]
+    B = torch.randn(2, 3, 4, 150, generator=g, dtype=torch.float64) if kind == "out" else \
+        torch.randn(2, 3, 150, 4, generator=g, dtype=torch.float64)
+    eager = rt._bmm_causal(A, B, kind)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = rt._bmm_causal(A, B, kind)
+    assert torch.allclose(traced, eager, rtol=1e-12, atol=1e-12)
