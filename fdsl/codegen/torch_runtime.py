@@ -145,7 +145,9 @@ def _matmul(A, B, lp=None):
 def _input(values, name, shape, batched, dtype, device):
     """values[name] as a (dtype, device) tensor of the declared shape, with a leading batch axis
     allowed when ``batched`` (a constant that varies per example)."""
-    x = torch.as_tensor(values[name], dtype=dtype, device=device)
+    x = values[name]
+    if not (torch.is_tensor(x) and x.dtype == dtype and (device is None or x.device == device)):
+        x = torch.as_tensor(x, dtype=dtype, device=device)
     if shape is None:
         ok = x.dim() == 2 or (batched and x.dim() == 3)
     else:
@@ -308,24 +310,29 @@ def _neighbours(xs, dim):
     """``torch.cat(xs, dim)`` as a view where the matrices xs are blocks of one tensor, one after
     the other along ``dim`` with the same strides (each starts where the one before ends); else
     None. Two tensors alive at once do not share addresses unless they share memory, so the
-    addresses say it."""
+    addresses say it (a device's too: the first block's device, dtype and strides are every
+    block's, and each block starts where the one before it ends)."""
     x0 = xs[0]
-    if x0.dim() != 2 or len(xs) < 2:
+    strides = x0.stride()
+    if len(strides) != 2 or len(xs) < 2:
         return None
     axis = dim % 2
-    strides, across = x0.stride(), x0.shape[1 - axis]
-    step, size = strides[axis] * x0.element_size(), x0.element_size()
-    at, total = x0.data_ptr(), 0
-    for x in xs:
-        if x.dim() != 2 or x.stride() != strides or x.shape[1 - axis] != across or x.data_ptr() != at \
-                or x.dtype != x0.dtype or x.device != x0.device:
-            return None
-        at += x.shape[axis] * step
-        total += x.shape[axis]
-    if size and strides[axis] == 0:
+    step = strides[axis] * x0.element_size()
+    if not step:
         return None
-    shape = (total, across) if axis == 0 else (across, total)
-    return x0.as_strided(shape, strides, x0.storage_offset())
+    across, dtype, device = x0.shape[1 - axis], x0.dtype, x0.device
+    at, total = x0.data_ptr(), 0
+    for x in xs:  # (the cheapest test first: the address, which fails for anything else)
+        if x.data_ptr() != at or x.stride() != strides:
+            return None
+        shape = x.shape
+        if shape[1 - axis] != across or x.dtype != dtype:
+            return None
+        at += shape[axis] * step
+        total += shape[axis]
+    if xs[-1].device != device:
+        return None
+    return x0.as_strided((total, across) if axis == 0 else (across, total), strides, x0.storage_offset())
 
 
 def _grouped(A, Bs, lp=None):
