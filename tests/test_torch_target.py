@@ -270,6 +270,7 @@ loss = model(X0=data["X0"][mine], Y=data["Y"][mine])
 loss.backward()  # DDP averages the gradients of the processes
 if rank == 0:
     np.savez(out_path, **{k: world * g.numpy() for k, g in model.module.gradients().items()})
+dist.barrier()  # both done before either tears gloo down (a rank leaving early can abort the other)
 dist.destroy_process_group()
 '''
 
