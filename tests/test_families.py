@@ -143,14 +143,9 @@ def test_neighbouring_blocks_are_joined_as_a_view_and_anything_else_copied():
     assert rt._cat(t, -1).data_ptr() == base.data_ptr() and torch.equal(rt._cat(t, -1), base.mT)
     for xs, dim in (([base[2:3], base[0:2]], -2),  # out of order
                     ([base[0:2], base[3:6]], -2),  # a gap
-                    ([base[0:2], base[2:4].clone()], -2),  # another tensor
-                    ([base[:, 0:4], base[:, 4:10]], -2)):  # side by side, joined along the rows
-        try:
-            want = torch.cat(xs, dim)
-        except RuntimeError:
-            continue
+                    ([base[0:2], base[2:4].clone()], -2)):  # another tensor
         got = rt._cat(xs, dim)
-        assert torch.equal(got, want) and got.data_ptr() != base.data_ptr()
+        assert torch.equal(got, torch.cat(xs, dim)) and got.data_ptr() != base.data_ptr()
 
 
 def test_a_grouped_gradient_cut_by_columns_is_the_transpose_of_contiguous_blocks():

@@ -30,7 +30,7 @@ from __future__ import annotations
 from .ir import Read, Sweep
 
 
-def _concatenated(op) -> list:
+def concatenated(op) -> list:
     """The (reads, axis) that ``op`` concatenates: axis -1 along the columns, -2 along the rows."""
     a, kind = op.args, op.kind
     if kind == "grouped_heads":
@@ -55,7 +55,7 @@ def families(sweep: Sweep, weights: dict) -> list:
     weights or more. ``weights``: the input values of the weights -> their printed names."""
     found, taken = [], set()
     for op in sweep.ops:
-        for reads, axis in _concatenated(op):
+        for reads, axis in concatenated(op):
             if len(reads) < 2 or not all(isinstance(r, Read) and not r.scale and r.value in weights for r in reads):
                 continue
             flips = {r.t for r in reads}

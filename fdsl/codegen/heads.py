@@ -52,7 +52,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .ir import Dim, Op, Read, Sweep, Value
+from .families import concatenated
+from .ir import Dim, Op, Read, Sweep, Value, transposed_product
 
 # the kinds a stacked chain may have (module doc: stackable); a template only of these operators
 _STACKABLE = {"matmul", "softmax", "aa_given", "mask", "masked", "sum", "scale", "template"}
@@ -376,9 +377,7 @@ def _weight_ranks(sweep: Sweep, elements: dict) -> dict:
     where: dict = {}
     for i, op in enumerate(sweep.ops):
         if op.kind == "grouped_heads":
-            bs = op.args[1:]
-            if op.attrs.get("biased"):
-                bs = bs[:len(bs) // 2]
+            bs = concatenated(op)[0][0]  # its B (not the bias rows of a biased one)
             for j, b in enumerate(bs):
                 if isinstance(b, Read):
                     where.setdefault(b.value, (i, j))
@@ -530,12 +529,9 @@ def _stored_as_read(sweep: Sweep, kept: set) -> None:
                     or r.value in kept or list(sweep.readers.get(r.value, ())) != [op] \
                     or sum(1 for x in parts if x.value is r.value) != 1 or len(maker.args) != 2:
                 continue
-            a, b = maker.args
-            v = r.value
-            flipped = Value(shape=v.shape[::-1] if v.shape is not None else None, batched=v.batched, heads=v.heads,
-                            hint=v)
-            mapping[maker] = [Op("matmul", [flipped], [b.T(), a.T()], **maker.attrs)]
-            parts[i] = Read(flipped, False, r.scale)
+            product = transposed_product(maker)
+            mapping[maker] = [product]
+            parts[i] = Read(product.out, False, r.scale)
         if parts != list(op.args):
             mapping[op] = [Op(op.kind, op.outs, parts, **op.attrs)]
     if mapping:
@@ -575,9 +571,10 @@ def _column_sums(sweep: Sweep, elements: dict, made: dict, made_at: dict, mappin
     for groups, found in slots.items():
         count = sum(g[1] for g in groups)
         at = made_at[groups]
-        ops = [found.get(j, [None])[0] for j in range(count)]
-        if any(j not in found or len(found[j]) != 1 for j in range(count)) or any(
-                pos[user] <= pos[at] for op in ops for user in sweep.users(op.out)):
+        if any(len(found.get(j, ())) != 1 for j in range(count)):
+            continue
+        ops = [found[j][0] for j in range(count)]
+        if any(pos[user] <= pos[at] for op in ops for user in sweep.users(op.out)):
             continue
         wide = made[groups]
         total = Value(shape=(1, wide.shape[1]) if wide.shape else None, hint=wide, suffix="_sum")

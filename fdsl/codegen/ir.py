@@ -208,6 +208,18 @@ class Op:
                                   "".join(", %s=%r" % kv for kv in self.attrs.items()))
 
 
+def transposed_value(v: Value) -> Value:
+    """A new value to hold the transpose of ``v``: its shape reversed, its batch and heads kept."""
+    return Value(shape=v.shape[::-1] if v.shape is not None else None, batched=v.batched, heads=v.heads, hint=v)
+
+
+def transposed_product(op: Op) -> Op:
+    """The product ``op`` (``matmul``, A @ B) made the other way round, B^t A^t, into a new value:
+    its result is the transpose of ``op``'s (its attributes kept: a scale after it commutes)."""
+    a, b = op.args
+    return Op("matmul", [transposed_value(op.out)], [b.T(), a.T()], **op.attrs)
+
+
 def values_of(a) -> list:
     """The values an operand reads: a value, a read's value and its scale's, a dim's size."""
     if isinstance(a, Value):

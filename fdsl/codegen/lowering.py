@@ -47,9 +47,11 @@ passes then rewrite the sweep (``run_passes``; the tests check the IR after each
 ``fdsl.codegen.fusion``: a weight's gradient summed over the batch inside its last product, sums of
 products and products that share an operand as one product, and (torch) a product of two batches as
 one ``bmm`` and the heads of an attention as one stacked chain (``heads``); on torch, ``heads``
-reads the stacks without unstacking them and ``kernels`` calls torch's fused kernels (addmm, the
-affine layer norm and its backward, the log-softmax backward); last, ``schedule`` computes every
-weight's gradient as soon as what it reads is known.
+reads the stacks without unstacking them, ``kernels`` calls torch's fused kernels (addmm, the
+affine layer norm and its backward, the log-softmax backward, a tied embedding's scatter into its
+product) and ``causal`` marks the products a causal mask makes triangular; last, ``schedule``
+computes every weight's gradient as soon as what it reads is known, and (torch) a gradient handed
+out transposed is made in its weight's layout (``kernels.returned_as_stored``).
 
 The writer (``fdsl.codegen.writer``) spells the sweep as the function's body, with the function and
 the module around it (imports, the runtime helpers); the torch training classes are

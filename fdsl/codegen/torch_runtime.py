@@ -242,13 +242,21 @@ def _bmm_causal(A, B, kind, lp=None):
     return out
 
 
-def _causal_block(A, B, kind, r0, r1):
-    """Rows r0:r1 of _bmm_causal(A, B, kind), as a new array."""
+def _causal_operands(A, B, kind, r0, r1):
+    """(the part of A, the part of B, the columns) whose product is rows r0:r1 of
+    _bmm_causal(A, B, kind): "L": rows r0:r1 of a lower A are zero after column r1; "U": those of
+    an upper A before column r0; "out": they are read up to column r1 (``cols``; None: all)."""
     if kind == "L":
-        return A[..., r0:r1, :r1] @ B[..., :r1, :]
+        return A[..., r0:r1, :r1], B[..., :r1, :], None
     if kind == "U":
-        return A[..., r0:r1, r0:] @ B[..., r0:, :]
-    return torch.nn.functional.pad(A[..., r0:r1, :] @ B[..., :, :r1], (0, B.shape[-1] - r1))
+        return A[..., r0:r1, r0:], B[..., r0:, :], None
+    return A[..., r0:r1, :], B[..., :, :r1], r1
+
+
+def _causal_block(A, B, kind, r0, r1):
+    """Rows r0:r1 of _bmm_causal(A, B, kind), as a new array (zeros after the columns read)."""
+    a, b, cols = _causal_operands(A, B, kind, r0, r1)
+    return a @ b if cols is None else torch.nn.functional.pad(a @ b, (0, B.shape[-1] - cols))
 
 
 def _causal_blocks(A, B, kind, out):
@@ -256,13 +264,12 @@ def _causal_blocks(A, B, kind, out):
     n = A.shape[-2]
     for r0 in range(0, n, _CAUSAL_BLOCK):
         r1 = min(r0 + _CAUSAL_BLOCK, n)
-        if kind == "L":  # rows r0:r1 of a lower A are zero after column r1
-            torch.bmm(A[:, r0:r1, :r1], B[:, :r1], out=out[:, r0:r1])
-        elif kind == "U":  # rows r0:r1 of an upper A are zero before column r0
-            torch.bmm(A[:, r0:r1, r0:], B[:, r0:], out=out[:, r0:r1])
-        else:  # rows r0:r1 are read up to column r1
-            torch.bmm(A[:, r0:r1], B[:, :, :r1], out=out[:, r0:r1, :r1])
-            out[:, r0:r1, r1:] = 0
+        a, b, cols = _causal_operands(A, B, kind, r0, r1)
+        if cols is None:
+            torch.bmm(a, b, out=out[:, r0:r1])
+        else:
+            torch.bmm(a, b, out=out[:, r0:r1, :cols])
+            out[:, r0:r1, cols:] = 0
 
 
 def _foldable(x):
@@ -396,17 +403,17 @@ def _side_by_side(stacks, scales=None):
     after the other along the columns: one copy, as autograd's attention makes; ``scales``: a
     number (or None) for each stack, multiplied in as it is copied."""
     parts = [s.transpose(-3, -2) for s in stacks]
+    if torch.compiler.is_compiling():  # (a traced graph writes no views of an array: its compiler lays it out)
+        scaled = [p if c is None else p * c for p, c in zip(parts, scales or [None] * len(parts))]
+        x = torch.cat(scaled, -2).contiguous()
+        return x.reshape(*x.shape[:-2], -1)
+    # into a contiguous array: torch.cat would keep the layout of stacks read transposed (heads
+    # made as q^t dS), whose rows are then strided and every product of them copies them first
     shape = list(parts[0].shape)
     shape[-2] = sum(p.shape[-2] for p in parts)
     dtype = parts[0].dtype
     for p in parts[1:]:
         dtype = torch.promote_types(dtype, p.dtype)
-    # into a contiguous array: torch.cat would keep the layout of stacks read transposed (heads
-    # made as q^t dS), whose rows are then strided and every product of them copies them first
-    if torch.compiler.is_compiling():  # (a traced graph writes no views of an array: its compiler lays it out)
-        scaled = [p if c is None else p * c for p, c in zip(parts, scales or [None] * len(parts))]
-        x = torch.cat(scaled, -2).contiguous()
-        return x.reshape(*x.shape[:-2], -1)
     x = torch.empty(shape, dtype=dtype, device=parts[0].device)
     if scales is None:
         torch.cat(parts, -2, out=x)

@@ -257,10 +257,9 @@ class Writer:
             code = "_grouped_heads(%s, %s, %d%s%s)%s" % (self.read(a[0]), self.reads(bs), op.attrs["h"], lp, bias,
                                                          "" if len(op.outs) > 1 else "[0]")
         elif kind == "side_by_side":  # each stack scaled (its read's scale) as it is copied in
-            code = "_side_by_side(%s)" % self.reads([r._replace(scale=()) for r in a])
-            if any(r.scale for r in a):
-                code = code[:-1] + ", (%s,))" % ", ".join(
-                    " * ".join(map(self.scalar, r.scale)) if r.scale else "None" for r in a)
+            scales = ", (%s,)" % ", ".join(" * ".join(map(self.scalar, r.scale)) if r.scale else "None"
+                                           for r in a) if any(r.scale for r in a) else ""
+            code = "_side_by_side(%s%s)" % (self.reads([r._replace(scale=()) for r in a]), scales)
         elif kind == "mask":
             code = "%s > 0" % self.read(a[0])
         elif kind == "scalar_matrix":
