@@ -28,23 +28,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Config = namedtuple("Config", "blocks heads width head context vocab mlp")
+Config = namedtuple("Config", "blocks heads width head context vocab mlp bias", defaults=(True,))
 
 
 def config_of(shapes: dict) -> Config:
-    """The configuration of a program shaped as examples/nanogpt.fd, from its module's SHAPES."""
+    """The configuration of a program shaped as examples/nanogpt.fd, from its module's SHAPES (bias:
+    whether it has nanoGPT's biases, ``bias=True``, or none, as nanoGPT's train.py trains)."""
     vocab, width = shapes["E"]
     blocks = sum(1 for name in shapes if name.startswith("W1_"))
     heads = sum(1 for name in shapes if name.startswith("Q_0_"))
-    return Config(blocks, heads, width, shapes["Q_0_0"][1], shapes["P"][0], vocab, shapes["W1_0"][1])
+    return Config(blocks, heads, width, shapes["Q_0_0"][1], shapes["P"][0], vocab, shapes["W1_0"][1],
+                  "bq_0_0" in shapes)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, c: Config, flash: bool = True):
         super().__init__()
         self.c, self.flash = c, flash
-        self.c_attn = nn.Linear(c.width, 3 * c.heads * c.head)
-        self.c_proj = nn.Linear(c.heads * c.head, c.width)
+        self.c_attn = nn.Linear(c.width, 3 * c.heads * c.head, bias=c.bias)
+        self.c_proj = nn.Linear(c.heads * c.head, c.width, bias=c.bias)
         self.register_buffer("mask", torch.triu(torch.ones(c.context, c.context, dtype=torch.bool), 1))
 
     def forward(self, x):
@@ -63,9 +65,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, c: Config):
         super().__init__()
-        self.c_fc = nn.Linear(c.width, c.mlp)
+        self.c_fc = nn.Linear(c.width, c.mlp, bias=c.bias)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(c.mlp, c.width)
+        self.c_proj = nn.Linear(c.mlp, c.width, bias=c.bias)
 
     def forward(self, x):
         return self.c_proj(self.gelu(self.c_fc(x)))
@@ -74,9 +76,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, c: Config, flash: bool = True):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(c.width)
+        self.ln_1 = nn.LayerNorm(c.width, bias=c.bias)
         self.attn = CausalSelfAttention(c, flash)
-        self.ln_2 = nn.LayerNorm(c.width)
+        self.ln_2 = nn.LayerNorm(c.width, bias=c.bias)
         self.mlp = MLP(c)
 
     def forward(self, x):
@@ -85,7 +87,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT's GPT (bias=True, dropout 0), ``forward(idx, targets)`` the loss."""
+    """nanoGPT's GPT (dropout 0; its biases as ``c.bias``), ``forward(idx, targets)`` the loss."""
 
     def __init__(self, c: Config, flash: bool = True, reduction: str = "mean"):
         super().__init__()
@@ -93,7 +95,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c.vocab, c.width)
         self.wpe = nn.Embedding(c.context, c.width)
         self.h = nn.ModuleList(Block(c, flash) for _ in range(c.blocks))
-        self.ln_f = nn.LayerNorm(c.width)
+        self.ln_f = nn.LayerNorm(c.width, bias=c.bias)
         self.lm_head = nn.Linear(c.width, c.vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as nanoGPT's
 
@@ -125,14 +127,14 @@ def views(ref: GPT, c: Config) -> dict:
             for part, (m, bias) in enumerate((("Q", "bq"), ("K", "bk"), ("V", "bv"))):
                 rows = slice(part * inner + j * hk, part * inner + (j + 1) * hk)
                 out["%s_%d_%d" % (m, i, j)] = w[rows].T
-                out["%s_%d_%d" % (bias, i, j)] = b[rows]
+                out["%s_%d_%d" % (bias, i, j)] = None if b is None else b[rows]
             out["O_%d_%d" % (i, j)] = block.attn.c_proj.weight[:, j * hk:(j + 1) * hk].T
         out["bo_%d" % i] = block.attn.c_proj.bias
         out["g1_%d" % i], out["b1_%d" % i] = block.ln_1.weight, block.ln_1.bias
         out["g2_%d" % i], out["b2_%d" % i] = block.ln_2.weight, block.ln_2.bias
         out["W1_%d" % i], out["c1_%d" % i] = block.mlp.c_fc.weight.T, block.mlp.c_fc.bias
         out["W2_%d" % i], out["c2_%d" % i] = block.mlp.c_proj.weight.T, block.mlp.c_proj.bias
-    return out
+    return {name: v for name, v in out.items() if v is not None}  # (bias=False: no biases)
 
 
 def reference_of(model, flash: bool = True, reduction: str = "mean", dtype=None) -> GPT:

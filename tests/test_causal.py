@@ -35,19 +35,36 @@ def _program(n=8, mask="causal"):
     return fdsl.parse(GPT.format(n=n, mask=mask))
 
 
-def _marks(program) -> list:
-    """The causal kinds of the torch sweep's products, in order."""
+def _sweep(program):
     w = program["w"]
     low = lowering.Lowering(gradient_terms(program.normal_form(w)), program.dims, "torch", loss=loss_of(w))
     low.lower()
-    return [op.attrs["causal"] for op in low.sweep.ops if op.kind == "matmul" and op.attrs.get("causal")]
+    return low.sweep
+
+
+def _marks(program) -> list:
+    """The causal kinds of the torch sweep's products, in order ("softmax": a causal_softmax, the
+    scores' product fused with the mask and the softmax)."""
+    return [op.attrs["causal"] if op.kind == "matmul" else "softmax" for op in _sweep(program).ops
+            if op.kind == "matmul" and op.attrs.get("causal") or op.kind == "causal_softmax"]
 
 
 def test_the_six_products_of_a_causal_attention_are_marked():
-    # forward: the scores (only their lower blocks are read), P V; backward: P^t dO, dO V^t (read
-    # by aa_given of P), dS K, dS^t Q
+    # forward: the scores (only their lower blocks are read: fused with the mask and the softmax,
+    # one for each head stack), P V; backward: P^t dO, dO V^t (read by aa_given of P), dS K, dS^t Q
     marks = _marks(_program())
-    assert sorted(marks) == ["L", "L", "U", "U", "out", "out"], marks
+    assert sorted(marks) == ["L", "L", "U", "U", "out", "softmax"], marks
+
+
+def test_the_scores_mask_and_softmax_are_one_op():
+    # the scores s q k^t, plus the mask, and their softmax: one causal_softmax reading q, k and the
+    # mask, the scale kept as the product's (no softmax op, no add_into of the mask left)
+    ops = _sweep(_program()).ops
+    fused = [op for op in ops if op.kind == "causal_softmax"]
+    assert len(fused) == 1, fused
+    assert not any(op.kind == "softmax" and op.out.shape[0] == op.out.shape[1] for op in ops)  # (the logits' is n x v)
+    left, right, mask = fused[0].args
+    assert left.scale and not right.scale and not mask.t and not mask.scale
 
 
 def test_a_mask_that_is_not_the_causal_constant_marks_nothing():
@@ -121,3 +138,31 @@ def test_the_blocks_as_a_traced_graph_makes_them(kind, monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     traced = rt._bmm_causal(A, B, kind)
     assert torch.allclose(traced, eager, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("lead", [(3,), (2, 3)])
+@pytest.mark.parametrize("n", [200, 64])
+@pytest.mark.parametrize("scale", [None, 0.25, "tensor"])
+def test_the_causal_softmax_is_the_masked_softmax_of_the_product(lead, n, scale):
+    # n = 200: blocks of 64 and a last one of 8; n = 64: too small to block, the whole spelling; a
+    # scale of each example (a tensor): the whole spelling too
+    g = torch.Generator().manual_seed(13)
+    A = torch.randn(*lead, n, 5, generator=g, dtype=torch.float64)
+    B = torch.randn(*lead, 5, n, generator=g, dtype=torch.float64)
+    M = torch.triu(torch.full((n, n), float("-inf"), dtype=torch.float64), 1)
+    c = torch.rand(*lead[:1], *[1] * (len(lead) + 1), generator=g, dtype=torch.float64) if scale == "tensor" \
+        else scale
+    got = rt._causal_softmax(A, B, M, c)
+    want = torch.softmax((A @ B) * (1.0 if c is None else c) + M, -1)
+    assert torch.allclose(got, want, rtol=1e-13, atol=1e-15)
+    assert float(got.triu(1).abs().max()) == 0.0  # exact zeros above the diagonal, as P's
+
+
+def test_the_causal_softmax_as_a_traced_graph(monkeypatch):
+    g = torch.Generator().manual_seed(14)
+    A = torch.randn(2, 3, 150, 4, generator=g, dtype=torch.float64)
+    B = torch.randn(2, 3, 4, 150, generator=g, dtype=torch.float64)
+    M = torch.triu(torch.full((150, 150), float("-inf"), dtype=torch.float64), 1)
+    eager = rt._causal_softmax(A, B, M, 0.5)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.allclose(rt._causal_softmax(A, B, M, 0.5), eager, rtol=1e-13, atol=1e-15)

@@ -169,10 +169,12 @@ def test_the_function_and_the_module_train_like_autograd(tmp_path):
 
 
 def test_the_module_imports_only_torch(tmp_path):
+    # and the standard library's ctypes, os and platform (the runtime's _keep_heap)
     module, p = torch_module(tmp_path, 1)
     tree = ast.parse(Path(module.__file__).read_text())
     imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert [(a.name, a.asname) for n in imports for a in n.names] == [("torch", None)]
+    assert [(a.name, a.asname) for n in imports for a in n.names] == [
+        ("ctypes", None), ("os", None), ("platform", None), ("torch", None)]
     # (the data-parallel test below runs it in processes where fdsl cannot be imported)
 
 

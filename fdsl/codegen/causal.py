@@ -18,8 +18,17 @@ kinds        how a stacked product (``matmul``, ``bmm``) reads the structure (``
 The runtime's ``_bmm_causal`` multiplies in blocks of rows (torch_runtime), which for a context of
 n = 4 blocks does 5/8 of the work of the whole product: the six products of an attention's
 forward and backward, a quarter to a third of their time, as flash attention skips the masked
-blocks. Torch target only (the stacks of heads are made only there); run after the kernels'
-passes, which make the mask's ``add_into``.
+blocks.
+
+causal softmax  ``softmax(s q k^t + M)`` as one op (``causal_softmax``), the scores' product, the
+             mask and the softmax fused: the runtime's ``_causal_softmax`` makes each block of
+             rows up to its diagonal, scaled as multiplied (the product's alpha), masked and
+             normalised while it is in cache, and writes the zeros after it, where the whole
+             spelling wrote the scores, zeros, the scores plus the mask and their softmax, each
+             over the whole n x n stack (1% of a shakespeare_char step).
+
+Torch target only (the stacks of heads are made only there); run after the kernels' passes, which
+make the mask's ``add_into``.
 """
 
 from __future__ import annotations
@@ -71,6 +80,32 @@ def causal_products(sweep: Sweep, kept: set, masks: set) -> None:
             op.attrs["causal"] = "U" if left.t else "L"
         elif _only_lower_read(sweep, op, kept, masks, lower):
             op.attrs["causal"] = "out"
+    _fused_softmaxes(sweep, kept, masks)
+
+
+def _fused_softmaxes(sweep: Sweep, kept: set, masks: set) -> None:
+    """Each chain ``S = q k^t`` (marked "out"), ``S + M``, ``softmax`` whose two intermediate
+    values nothing else reads, as one ``causal_softmax`` where the product was (its operands
+    are read there already; the probabilities are then made there)."""
+    mapping = {}
+    for op in list(sweep.ops):
+        if op.kind != "matmul" or op.attrs.get("causal") != "out":
+            continue
+        users = sweep.users(op.out)
+        if len(users) != 1 or _masking(users[0], masks) is not op.out:
+            continue
+        masking = users[0]
+        readers = sweep.users(masking.out)
+        if masking.out in kept or len(readers) != 1 or readers[0].kind != "softmax" \
+                or readers[0].args[0] != Read(masking.out):
+            continue
+        soft = readers[0]
+        mask = next(a for a in masking.args if a.value is not op.out)
+        mapping[op] = [Op("causal_softmax", [soft.out], [op.args[0], op.args[1], mask])]
+        mapping[masking] = []
+        mapping[soft] = []
+    if mapping:
+        sweep.rewrite(mapping)
 
 
 def _only_lower_read(sweep: Sweep, op: Op, kept: set, masks: set, lower: set) -> bool:

@@ -56,6 +56,9 @@ class FdslLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scalars, *tensors):
+        if not _HEAP and not torch.compiler.is_compiling() and tensors and torch.is_tensor(tensors[-1]) \
+                and tensors[-1].device.type == "cpu":  # (training on a CPU: _keep_heap)
+            _keep_heap()
         values = dict(scalars)
         values.update((name, _declared(name, t)) for name, t in zip(TRAINED, tensors))
         g, value = grads_and_loss(values)
@@ -71,17 +74,24 @@ class FdslLoss(torch.autograd.Function):
         # weight), in place: they are the sweep's own arrays, read by nothing else, and new ones
         # would be a step's worth of fresh memory (page faults: slower than the product itself);
         # a broadcast view (a stride 0) is scaled into a new one
-        names = [name for name in g if torch.is_tensor(g[name])]
-        own = [name for name in names if all(s or n == 1 for s, n in zip(g[name].stride(), g[name].shape))]
+        own, seen = [], set()
+        for x in g.values():
+            if torch.is_tensor(x) and id(x) not in seen:  # (a tensor two weights share is scaled once)
+                seen.add(id(x))
+                st = x.stride()
+                if 0 not in st or all(s or n == 1 for s, n in zip(st, x.shape)):
+                    own.append(x)
         if own:
-            torch._foreach_mul_([g[name] for name in own], scale)
-        scaled = {name: g[name] for name in own}
+            torch._foreach_mul_(own, scale)
+        owned = {id(x) for x in own}
         out = []
         for name, shape in zip(TRAINED, shapes):
-            if name not in g or shape is None:
+            x = g.get(name) if shape is not None else None
+            if x is None:
                 out.append(None)
                 continue
-            x = scaled[name] if name in scaled else g[name] * scale
+            if id(x) not in owned:
+                x = x * scale
             out.append(x if x.shape == shape else x.reshape(shape))
         return (None,) + tuple(out)
 
@@ -187,6 +197,8 @@ class Model(torch.nn.Module):
                 value = value.reshape(-1)
             self.register_parameter(self._names[name], torch.nn.Parameter(value))
         self._tie()
+        if torch.device(device or "cpu").type == "cpu":  # a model to train on a CPU: _keep_heap
+            _keep_heap()
 
     def _tie(self):
         """Hold each family (FAMILIES) as one tensor whose blocks are its weights' parameters (the

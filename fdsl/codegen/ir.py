@@ -144,6 +144,8 @@ KINDS = {
     "masked": Kind("mask * B: mm(A, B)"),
     "softmax": Kind("row-wise softmax"),
     "aa_given": Kind("aa(A, B) from S = a(A)"),
+    "causal_softmax": Kind("softmax(L R + M) for M a causal mask, made a block of rows at a time up to the "
+                           "diagonal (fdsl.codegen.causal)"),
     "layernorm_stats": Kind("layernorm(A) with its row mean and 1/sigma", multi=True),
     "dlayernorm_stats": Kind("dlayernorm(A, B) from the forward's statistics"),
     "layernorm_affine": Kind("layernorm(A) o C g + C b, one kernel, with its statistics", multi=True),
@@ -370,8 +372,8 @@ def check(sweep: Sweep, given: Iterable[Value] = ()) -> None:
             if v in made:
                 raise FdslError("internal: %r assigns %r a second time" % (op, v))
             made.add(v)
-        if op.kind in ("matmul", "addmm"):
-            left, right = op.args[-2], op.args[-1]
+        if op.kind in ("matmul", "addmm", "causal_softmax"):
+            left, right = op.args[:2] if op.kind == "causal_softmax" else op.args[-2:]
             a, b = left.shape, right.shape
             if a is not None and b is not None and a[1] != b[0]:
                 raise FdslError("internal: %r multiplies %s by %s" % (op, a, b))

@@ -82,7 +82,7 @@ class Target:
 
 class TorchTarget(Target):
     name = "torch"
-    imports = ("import torch",)
+    imports = ("import ctypes", "import os", "import platform", "", "import torch")
     device = ", device=_dev"
     pieces = False
     folds_batches = True

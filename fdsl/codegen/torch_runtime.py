@@ -25,7 +25,14 @@ to float32, as the matrix products of autograd under autocast run. Everything el
 log-softmax, layer norm and the loss with their statistics, GELU, the sums of gradients over rows
 and the batch, residual and bias additions) stays in float32, and so do the gradients returned. The
 product helpers take that dtype as ``lp`` (None: the working dtype throughout, the code unchanged).
+
+Memory (``_keep_heap``): training on a CPU under glibc, the module asks malloc once a process to
+keep the memory a step frees for the next step (``FDSL_MALLOC=system`` leaves malloc as it is).
 """
+
+import ctypes
+import os
+import platform
 
 import torch
 
@@ -135,6 +142,31 @@ def _low_precision(dtype, device):
     return low if low != torch.float32 else None
 
 
+_HEAP = []  # whether _keep_heap has run in this process
+
+
+def _keep_heap():
+    """Once a process: glibc's malloc asked to keep freed memory for reuse, not to give it back to
+    the system (the trim threshold 1 GiB; the mmap threshold 32 MiB, the ceiling its own dynamic
+    one reaches). Why: the sweep makes a step's gradients during its forward, among the
+    activations, and frees them all at the next zero_grad; glibc then gives the top of its heap
+    back and the next step faults every page of it in again (shakespeare_char at batch 4: 26,000
+    page faults a step, 5% of its time, where the kept heap has none). A caching allocator
+    (jemalloc, tcmalloc) does the same for a whole process. ``FDSL_MALLOC=system``: malloc left
+    as it is; not glibc (macOS, musl): nothing done."""
+    if _HEAP:
+        return
+    _HEAP.append(True)
+    if os.environ.get("FDSL_MALLOC") == "system" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # no such library or symbol: malloc as it is
+        pass
+
+
 def _matmul(A, B, lp=None):
     """A @ B; with ``lp``, in that dtype (the operands cast to it) and the result back in float32."""
     if lp is None:
@@ -240,6 +272,43 @@ def _bmm_causal(A, B, kind, lp=None):
         for i in range(A.shape[0]):
             _causal_blocks(A[i], B[i], kind, out[i])
     return out
+
+
+def _causal_softmax(A, B, M, scale=None, lp=None):
+    """softmax(scale A B + M) for M a causal mask (0 on and below the diagonal, -inf above;
+    fdsl.codegen.causal), made a block of rows at a time: each block's scores up to its diagonal
+    (the product's alpha the scale), the mask's block added and the softmax taken while they are
+    in cache, and zeros after the diagonal block, where the mask's -inf gives 0. Anything else (a
+    scale of each example, products in autocast's dtype, a traced graph, a context of less than
+    two blocks) is the whole spelling: the masked product of _bmm_causal, the mask, the softmax."""
+    n = A.shape[-2]
+    if lp is not None or torch.compiler.is_compiling() or not isinstance(scale, (int, float, type(None))) \
+            or A.dim() not in (3, 4) or B.dim() != A.dim() or A.shape[:-2] != B.shape[:-2] \
+            or B.shape[-1] != n or tuple(M.shape) != (n, n) or A.dtype != B.dtype or M.dtype != A.dtype \
+            or n < 2 * _CAUSAL_BLOCK:
+        return _softmax(_add_into(_bmm_causal(A if scale is None else scale * A, B, "out", lp), M))
+    out = A.new_empty(A.shape[:-1] + (n,))
+    if A.dim() == 3:
+        _causal_softmax_blocks(A, B, M, scale, out)
+    else:  # one example at a time (as _bmm_causal)
+        for i in range(A.shape[0]):
+            _causal_softmax_blocks(A[i], B[i], M, scale, out[i])
+    return out
+
+
+def _causal_softmax_blocks(A, B, M, scale, out):
+    """_causal_softmax of two 3-D stacks, into ``out``."""
+    n = A.shape[-2]
+    for r0 in range(0, n, _CAUSAL_BLOCK):
+        r1 = min(r0 + _CAUSAL_BLOCK, n)
+        s = out[:, r0:r1, :r1]
+        if scale is None:
+            torch.bmm(A[:, r0:r1], B[:, :, :r1], out=s)
+        else:  # (beta 0: what the block held is not read)
+            torch.baddbmm(s, A[:, r0:r1], B[:, :, :r1], beta=0, alpha=scale, out=s)
+        s.add_(M[r0:r1, :r1])
+        s.copy_(torch.softmax(s, -1))
+        out[:, r0:r1, r1:] = 0
 
 
 def _causal_operands(A, B, kind, r0, r1):

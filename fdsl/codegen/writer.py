@@ -36,8 +36,9 @@ from .source import _indent, _natural, docstring_literal
 # Names the generated module gives a meaning of its own: its imports, its globals and functions,
 # the builtins. A symbol called INPUTS or grads gets a variable with a suffix (INPUTS_2): a local
 # of the name would hide the global from the function reading it (UnboundLocalError).
-_RESERVED = {"np", "torch", "math", "values", "INPUTS", "IDS", "FLOATS", "DTYPE", "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS",
-             "SHAPES", "INIT", "DATA", "grads", "grads_and_loss", "loss", "FdslLoss", "Model"} | set(dir(builtins))
+_RESERVED = {"np", "torch", "math", "ctypes", "os", "platform", "values", "INPUTS", "IDS", "FLOATS", "DTYPE",
+             "EXAMPLES", "EXAMPLE_SIZE", "WEIGHTS", "SHAPES", "INIT", "DATA", "grads", "grads_and_loss", "loss",
+             "FdslLoss", "Model"} | set(dir(builtins))
 
 
 def _is_temp(name: str) -> bool:
@@ -190,6 +191,11 @@ class Writer:
                 code = "_matmul(%s, %s%s)" % (self.read(a[0]), self.read(a[1]), lp)
             else:
                 code = "%s @ %s" % (self.read(a[0]), self.read(a[1]))
+        elif kind == "causal_softmax":  # the product's scales are its alpha (fdsl.codegen.causal)
+            scales = [self.scalar(x) for r in a[:2] for x in r.scale]
+            code = "_causal_softmax(%s, %s, %s, %s%s)" % (
+                self.read(a[0]._replace(scale=())), self.read(a[1]._replace(scale=())), self.read(a[2]),
+                " * ".join(scales) if scales else "None", lp)
         elif kind == "scatter":
             if op.attrs.get("total"):
                 code = "_scatter_total(%s, %s, %d, _nb)" % (self.read(a[0]), self.read(a[1]), op.attrs["vocab"])
