@@ -44,7 +44,10 @@ DATA = %(data)r  # the inputs that vary per example: (rows, cols) of one ((rows,
 # the weights the sweep reads side by side, held by a Model as blocks of one tensor (names, "cols"
 # or "rows": along which they are concatenated; fdsl.codegen.families)
 FAMILIES = %(families)r
+# the gradients the sweep makes times its seed (their products' alpha; fdsl.codegen.kernels.seeded_products)
+SEEDED = frozenset(%(seeded)r)
 TRAINED = INPUTS + tuple(name for name in WEIGHTS if name not in INPUTS)  # and the scalar weights
+_SEED = [1.0]  # the scale of the last backward on a CPU: the next step's guess of its own
 
 
 class FdslLoss(torch.autograd.Function):
@@ -56,42 +59,56 @@ class FdslLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scalars, *tensors):
-        if not _HEAP and not torch.compiler.is_compiling() and tensors and torch.is_tensor(tensors[-1]) \
-                and tensors[-1].device.type == "cpu":  # (training on a CPU: _keep_heap)
+        seed = None
+        if not torch.compiler.is_compiling() and tensors and torch.is_tensor(tensors[-1]) \
+                and tensors[-1].device.type == "cpu":  # training on a CPU: _keep_heap, the seed guessed
             _keep_heap()
+            seed = _SEED[0]
         values = dict(scalars)
         values.update((name, _declared(name, t)) for name, t in zip(TRAINED, tensors))
-        g, value = grads_and_loss(values)
-        ctx.grads, ctx.shapes = g, [t.shape if torch.is_tensor(t) else None for t in tensors]
+        g, value = grads_and_loss(values, True, seed)
+        ctx.grads, ctx.seed = g, seed
+        ctx.shapes = [t.shape if torch.is_tensor(t) else None for t in tensors]
         return value
 
     @staticmethod
     def backward(ctx, grad_loss):
-        g, shapes = ctx.grads, ctx.shapes
+        g, shapes, seed = ctx.grads, ctx.shapes, ctx.seed
         del ctx.grads, ctx.shapes
         scale = -grad_loss
-        # the gradients that are tensors scaled by one foreach product (one aten call, not one per
-        # weight), in place: they are the sweep's own arrays, read by nothing else, and new ones
-        # would be a step's worth of fresh memory (page faults: slower than the product itself);
-        # a broadcast view (a stride 0) is scaled into a new one
-        own, seen = [], set()
-        for x in g.values():
+        # the gradients SEEDED were made times the seed guessed in the forward (the last step's
+        # scale, read here as a number: a CPU's, no device to wait for); they need scale / seed,
+        # nothing where the guess holds (a training loop's mean: the same 1/tokens each step)
+        ratio = None
+        if seed is not None:
+            now = float(scale)
+            ratio = now / seed
+            if now != 0.0 and abs(now) < float("inf"):  # (not nan either)
+                _SEED[0] = now
+        # the others (and all of them, off a CPU) scaled by one foreach product (one aten call, not
+        # one per weight), in place: they are the sweep's own arrays, read by nothing else, and new
+        # ones would be a step's worth of fresh memory (page faults: slower than the product
+        # itself); a broadcast view (a stride 0) is scaled into a new one
+        own, seeded, seen = [], [], set()
+        for name, x in g.items():
             if torch.is_tensor(x) and id(x) not in seen:  # (a tensor two weights share is scaled once)
                 seen.add(id(x))
                 st = x.stride()
                 if 0 not in st or all(s or n == 1 for s, n in zip(st, x.shape)):
-                    own.append(x)
+                    (seeded if ratio is not None and name in SEEDED else own).append(x)
         if own:
             torch._foreach_mul_(own, scale)
-        owned = {id(x) for x in own}
+        if seeded and ratio != 1.0:
+            torch._foreach_mul_(seeded, ratio)
+        owned = {id(x) for x in own + seeded}
         out = []
         for name, shape in zip(TRAINED, shapes):
             x = g.get(name) if shape is not None else None
             if x is None:
                 out.append(None)
                 continue
-            if id(x) not in owned:
-                x = x * scale
+            if id(x) not in owned:  # a broadcast view
+                x = x * (ratio if ratio is not None and name in SEEDED else scale)
             out.append(x if x.shape == shape else x.reshape(shape))
         return (None,) + tuple(out)
 
@@ -361,7 +378,8 @@ def _torch_training(lowering: Lowering, outputs: Mapping, dims: Optional[Mapping
     init = {name: leaves[name].data[0].init for name in shapes if leaves[name].data[0].init is not None}
     weights = {op.out: op.attrs["name"] for op in lowering.inputs if op.kind == "input" and op.attrs["name"] in shapes}
     return _TORCH_TRAINING % {"weights": tuple(outputs), "shapes": shapes, "init": init, "data": data, "loss": what,
-                              "families": tuple(families(lowering.sweep, weights))}
+                              "families": tuple(families(lowering.sweep, weights)),
+                              "seeded": tuple(sorted(lowering.seeded))}
 
 
 def _wrap(s: str, width: int = 96) -> str:

@@ -243,6 +243,35 @@ def returned_as_stored(sweep: Sweep, results: dict) -> dict:
     return results
 
 
+def seeded_products(sweep: Sweep, results: dict) -> set:
+    """The names of the results whose arrays the products that make them may multiply by the
+    sweep's seed (``attrs seeded``: the writer passes ``alpha=_seed``, the product's own scalar,
+    free in a GEMM): a result handed out plain whose value a product summed over the batch
+    (``matmul`` total) or a ``split_total`` makes, read by nothing else (each part of a split
+    so read). Why: the backward multiplies every gradient by the incoming gradient (a mean's
+    1/tokens), one pass over a step's gradients (1.7 ms of a shakespeare_char step); made with
+    the seed the Function guessed, the products' gradients need none where the guess holds. The
+    others are small (biases, gains). A result read off such a value (a copy, a view, a sum over
+    the batch) is made times the seed too: it is named with it. ``results`` as
+    ``returned_as_stored``'s."""
+    names: dict = {}  # value -> the results read off it (plain; a copy of it too: made seeded, it is)
+    for name, (how, ref, _) in results.items():
+        if how != "full" and isinstance(ref.var, Value) and not ref.scalar:
+            names.setdefault(ref.var, []).append(name)
+    seeded: set = set()
+    for v, these in names.items():
+        op = sweep.maker.get(v)
+        if op is None or op.attrs.get("seeded"):
+            continue
+        if op.kind == "matmul" and op.attrs.get("total") and not op.attrs.get("bmm") and not op.attrs.get("causal") \
+                and not op.attrs.get("out_scale") or op.kind == "split_total":
+            if any(sweep.readers.get(out) or out not in names for out in op.outs):
+                continue
+            op.attrs["seeded"] = True
+            seeded.update(name for out in op.outs for name in names[out])
+    return seeded
+
+
 # ---- an affine layer norm: one kernel forward, one backward -----------------------------------------
 
 

@@ -51,7 +51,8 @@ reads the stacks without unstacking them, ``kernels`` calls torch's fused kernel
 affine layer norm and its backward, the log-softmax backward, a tied embedding's scatter into its
 product) and ``causal`` marks the products a causal mask makes triangular; last, ``schedule``
 computes every weight's gradient as soon as what it reads is known, and (torch) a gradient handed
-out transposed is made in its weight's layout (``kernels.returned_as_stored``).
+out transposed is made in its weight's layout (``kernels.returned_as_stored``) and the products
+that make gradients take the seed as their alpha (``kernels.seeded_products``).
 
 The writer (``fdsl.codegen.writer``) spells the sweep as the function's body, with the function and
 the module around it (imports, the runtime helpers); the torch training classes are
@@ -92,6 +93,7 @@ from .kernels import (
     logsoftmax_backwards,
     returned_as_stored,
     scattered_into,
+    seeded_products,
 )
 from .onehot import OneHot, summed_scatter
 from .products import Products, _Ref, canon
@@ -143,6 +145,7 @@ class Lowering(Products, OneHot, ModuleWriter):
         self.dim_stmts: list = []  # dim ops: sizes read off input shapes
         self.runtime_consts: list = []  # const ops whose shape has a dim known only at call time
         self.sweep = Sweep()  # the ops of the sweep, in topological order
+        self.seeded: set = set()  # the results made times the seed (kernels.seeded_products)
         self._aas: Optional[dict] = None  # the aa terms by their arguments (_aa_index)
         self.values: list = []  # every value the lowering made, in order (the writer names them so)
         self.refs: dict = {}  # base -> _Ref
@@ -418,6 +421,8 @@ class Lowering(Products, OneHot, ModuleWriter):
         self.run_passes(returned, loss)
         if self.target.folds_batches:  # torch: each gradient in its weight's layout
             results = returned_as_stored(self.sweep, results)
+            if self.loss is not None:  # gradients the Function scales (the training section's SEEDED)
+                self.seeded = seeded_products(self.sweep, results)
             if check_passes or os.environ.get("FDSL_CHECK_IR") == "1":
                 check(self.sweep, self.given())
         return results

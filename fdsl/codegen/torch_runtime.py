@@ -346,25 +346,37 @@ def _foldable(x):
     return x.stride(0) == x.shape[1] * x.stride(1) or x.shape[0] == 1 or x.shape[1] == 1
 
 
-def _matmul_total(A, B, nb, lp=None):
+def _matmul_total(A, B, nb, lp=None, alpha=None):
     """A @ B summed over the batch (a gradient): for two batches sum_b A_b B_b as one product, the
     examples side by side along the inner axis; a product that no example changes counts nb times.
-    ``lp``: the product as ``_matmul``'s, a sum over the batch outside it in float32."""
+    ``lp``: the product as ``_matmul``'s, a sum over the batch outside it in float32. ``alpha``: a
+    number the sum is made times (the seed: the product's own alpha; None: 1)."""
     if lp is not None:
         if A.dim() == 3 and B.dim() == 3:
-            return _matmul_total(A.to(lp), B.to(lp), nb).float()
-        if A.dim() == 3:
-            return _matmul(A.sum(dim=0), B, lp)
-        if B.dim() == 3:
-            return _matmul(A, B.sum(dim=0), lp)
-        return _matmul(A, B, lp) * nb if nb else _matmul(A, B, lp)
+            out = _matmul_total(A.to(lp), B.to(lp), nb).float()
+        elif A.dim() == 3:
+            out = _matmul(A.sum(dim=0), B, lp)
+        elif B.dim() == 3:
+            out = _matmul(A, B.sum(dim=0), lp)
+        else:
+            out = _matmul(A, B, lp) * nb if nb else _matmul(A, B, lp)
+        return out if alpha is None else out.mul_(alpha)
     if A.dim() == 3 and B.dim() == 3:
-        return A.mT.reshape(-1, A.shape[-2]).mT @ B.reshape(-1, B.shape[-1])
+        return _product(A.mT.reshape(-1, A.shape[-2]).mT, B.reshape(-1, B.shape[-1]), alpha)
     if A.dim() == 3:
-        return A.sum(dim=0) @ B
+        return _product(A.sum(dim=0), B, alpha)
     if B.dim() == 3:
-        return A @ B.sum(dim=0)
-    return (A @ B) * nb if nb else A @ B
+        return _product(A, B.sum(dim=0), alpha)
+    if nb:
+        return _product(A, B, nb if alpha is None else alpha * nb)
+    return _product(A, B, alpha)
+
+
+def _product(A, B, alpha=None):
+    """alpha A @ B for two matrices, alpha as the product's own (addmm's, the input not read)."""
+    if alpha is None:
+        return A @ B
+    return torch.addmm(A.new_zeros(()), A, B, beta=0, alpha=alpha)
 
 
 def _cat(xs, dim):
@@ -498,14 +510,14 @@ def _side_by_side(stacks, scales=None):
     return x.reshape(*x.shape[:-2], -1)
 
 
-def _split_total(A, B, nb, count, dim, lp=None):
-    """_matmul_total(A, B, nb) cut into ``count`` equal parts along ``dim`` (views). Cut along the
-    columns, it is made as the transpose of B^t A^t: each part is then the transpose of a
-    contiguous block, the layout of a weight a Model holds in a family (its gradient, so laid
+def _split_total(A, B, nb, count, dim, lp=None, alpha=None):
+    """_matmul_total(A, B, nb, lp, alpha) cut into ``count`` equal parts along ``dim`` (views). Cut
+    along the columns, it is made as the transpose of B^t A^t: each part is then the transpose of
+    a contiguous block, the layout of a weight a Model holds in a family (its gradient, so laid
     out, goes to ``.grad`` without a copy)."""
     if dim == -1:
-        return tuple(part.mT for part in _matmul_total(B.mT, A.mT, nb, lp).chunk(count, -2))
-    return _matmul_total(A, B, nb, lp).chunk(count, dim)
+        return tuple(part.mT for part in _matmul_total(B.mT, A.mT, nb, lp, alpha).chunk(count, -2))
+    return _matmul_total(A, B, nb, lp, alpha).chunk(count, dim)
 
 
 def _sum_of_products(As, Bs, lp=None):

@@ -182,7 +182,8 @@ class Writer:
         lp = self.lp
         if kind == "matmul":
             if op.attrs.get("total"):
-                code = "_matmul_total(%s, %s, _nb%s)" % (self.read(a[0]), self.read(a[1]), lp)
+                code = "_matmul_total(%s, %s, _nb%s%s)" % (self.read(a[0]), self.read(a[1]), lp,
+                                                           ", alpha=_seed" if op.attrs.get("seeded") else "")
             elif op.attrs.get("causal"):  # triangular by a causal mask (fdsl.codegen.causal)
                 code = "_bmm_causal(%s, %s, %r%s)" % (self.read(a[0]), self.read(a[1]), op.attrs["causal"], lp)
             elif op.attrs.get("bmm"):
@@ -248,8 +249,9 @@ class Writer:
             else:
                 code = "%s @ _cat(%s, -2)" % (self.read(a[0]), self.reads(a[1:]))
         elif kind == "split_total":
-            code = "_split_total(%s, %s, _nb, %d, %d%s)" % (self.read(a[0]), self.read(a[1]), op.attrs["n"],
-                                                            op.attrs["axis"], lp)
+            code = "_split_total(%s, %s, _nb, %d, %d%s%s)" % (self.read(a[0]), self.read(a[1]), op.attrs["n"],
+                                                              op.attrs["axis"], lp,
+                                                              ", alpha=_seed" if op.attrs.get("seeded") else "")
         elif kind == "stack":
             code = "torch.stack(%s, -3)" % self.reads(a)
         elif kind == "split":
@@ -545,9 +547,10 @@ class ModuleWriter:
                 for line in self.function_body(results, loss, "grads_and_loss" if loss is not None else "grads")]
         if loss is not None:
             if target.device:
-                out.append("def grads_and_loss(values: dict, _grads: bool = True):")
+                out.append("def grads_and_loss(values: dict, _grads: bool = True, _seed=None):")
                 out.append('    """(every gradient G_W^t by printed weight name, the loss %s), from one sweep; with '
-                           '``_grads``\n    false, (None, the loss) from the forward sweep alone."""'
+                           '``_grads``\n    false, (None, the loss) from the forward sweep alone. ``_seed``: a number '
+                           'the gradients\n    SEEDED are made times (their products\' alpha), None: 1."""'
                            % ("L" if self.loss.scalar else "1/2 ||E||^2"))
             else:
                 out.append("def grads_and_loss(values: dict):")
