@@ -13,7 +13,8 @@ Vocabulary
 ----------
 config      (blocks, heads, width, head width, context, vocabulary, MLP width), read off a
             generated module's ``SHAPES`` by ``config_of``: E is vocabulary x width, P context x
-            width, Q_i_j width x head width, W1_i width x MLP width.
+            width, Q_i_j width x head width (or head width x width, nn.Linear's layout: ``linear``),
+            W1_i width x MLP width; ``bias``: whether it has biases.
 views       ``views(ref, config)``: the reference's weights as fdsl's printed names see them, each a
             view into a parameter of the reference (nn.Linear holds W^t; the heads of block i side
             by side in c_attn's rows, queries, then keys, then values), so weights copy both ways
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Config = namedtuple("Config", "blocks heads width head context vocab mlp bias", defaults=(True,))
+Config = namedtuple("Config", "blocks heads width head context vocab mlp bias linear", defaults=(True, False))
 
 
 def config_of(shapes: dict) -> Config:
@@ -37,8 +38,10 @@ def config_of(shapes: dict) -> Config:
     vocab, width = shapes["E"]
     blocks = sum(1 for name in shapes if name.startswith("W1_"))
     heads = sum(1 for name in shapes if name.startswith("Q_0_"))
-    return Config(blocks, heads, width, shapes["Q_0_0"][1], shapes["P"][0], vocab, shapes["W1_0"][1],
-                  "bq_0_0" in shapes)
+    q = shapes["Q_0_0"]
+    linear = q[1] == width and q[0] != width  # Q_i_j : k x d, as nn.Linear holds its weight
+    return Config(blocks, heads, width, q[0] if linear else q[1], shapes["P"][0], vocab, shapes["W1_0"][1],
+                  "bq_0_0" in shapes, linear)
 
 
 class CausalSelfAttention(nn.Module):
@@ -126,7 +129,7 @@ def views(ref: GPT, c: Config) -> dict:
         for j in range(c.heads):
             for part, (m, bias) in enumerate((("Q", "bq"), ("K", "bk"), ("V", "bv"))):
                 rows = slice(part * inner + j * hk, part * inner + (j + 1) * hk)
-                out["%s_%d_%d" % (m, i, j)] = w[rows].T
+                out["%s_%d_%d" % (m, i, j)] = w[rows] if c.linear else w[rows].T
                 out["%s_%d_%d" % (bias, i, j)] = None if b is None else b[rows]
             out["O_%d_%d" % (i, j)] = block.attn.c_proj.weight[:, j * hk:(j + 1) * hk].T
         out["bo_%d" % i] = block.attn.c_proj.bias

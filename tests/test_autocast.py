@@ -6,8 +6,8 @@ everything else (softmax, log-softmax, layer norm and the loss with their statis
 gradients over the batch) in float32, the weights and their gradients float32: the loss and the
 gradients agree with autograd's under the same autocast to bfloat16's precision, on the character
 GPT of examples/chargpt.fd (bench/training.py's reference, one-hot data) and on a shrunk
-examples/nanogpt.fd (ids, biases, a tied embedding) against the same model written the nanoGPT
-way. Outside autocast nothing changes (float64 under autocast is float64, as torch's autocast
+examples/nanogpt.fd (ids, layer norms with gains alone, a tied embedding) against the same model
+written the nanoGPT way. Outside autocast nothing changes (float64 under autocast is float64, as torch's autocast
 leaves it), and the dtype rules of the module doc hold: a bfloat16 input computes in bfloat16,
 never in float64.
 """
@@ -169,7 +169,7 @@ def test_float64_under_autocast_is_float64_as_torch_leaves_it(bench):
     assert all(torch.equal(p.grad, g) for p, g in zip(ours.parameters(), want))
 
 
-# ---- examples/nanogpt.fd shrunk: ids, biases, the tied embedding --------------------------------
+# ---- examples/nanogpt.fd shrunk: ids, no biases (nanoGPT's bias=False), the tied embedding -------
 
 BLOCKS, HEADS, N, V, D, K, FF = 2, 2, 8, 11, 16, 8, 32
 
@@ -189,25 +189,23 @@ def _nanogpt_module():
 
 
 def _nanogpt(W, x, y):
-    """examples/nanogpt.fd written as nanoGPT's model.py writes it (c_attn's rows the heads' Q, K,
-    V with their biases, one nn.Linear each: addmm), on the weights W by printed name (rows 1-D)."""
+    """examples/nanogpt.fd written as nanoGPT's model.py writes it with bias=False (c_attn's rows the
+    heads' Q, K, V, one nn.Linear: mm), on the weights W by printed name (rows 1-D)."""
     b, n = x.shape
     mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
     h = F.embedding(x, W["E"]) + W["P"]
     for i in range(BLOCKS):
-        a = F.layer_norm(h, (D,), W["g1_%d" % i], W["b1_%d" % i])
-        names = [(m, i, j) for m in "QKV" for j in range(HEADS)]
-        weight = torch.cat([W["%s_%d_%d" % key] for key in names], 1)
-        bias = torch.cat([W["b%s_%d_%d" % (m.lower(), i, j)] for m, i, j in names])
-        q, k, v = F.linear(a, weight.T, bias).split(HEADS * K, dim=2)
+        a = F.layer_norm(h, (D,), W["g1_%d" % i])
+        weight = torch.cat([W["%s_%d_%d" % (m, i, j)] for m in "QKV" for j in range(HEADS)], 0)
+        q, k, v = F.linear(a, weight).split(HEADS * K, dim=2)
         q, k, v = (z.view(b, n, HEADS, K).transpose(1, 2) for z in (q, k, v))
         att = ((q @ k.transpose(-2, -1)) * K ** -0.5).masked_fill(mask, float("-inf")).softmax(dim=-1)
         out = (att @ v).transpose(1, 2).reshape(b, n, HEADS * K)
         proj = torch.cat([W["O_%d_%d" % (i, j)] for j in range(HEADS)], 0)
-        h = h + F.linear(out, proj.T, W["bo_%d" % i])
-        a = F.layer_norm(h, (D,), W["g2_%d" % i], W["b2_%d" % i])
-        h = h + F.linear(F.gelu(F.linear(a, W["W1_%d" % i].T, W["c1_%d" % i])), W["W2_%d" % i].T, W["c2_%d" % i])
-    logits = F.linear(F.layer_norm(h, (D,), W["gf"], W["bf"]), W["E"])
+        h = h + F.linear(out, proj.T)
+        a = F.layer_norm(h, (D,), W["g2_%d" % i])
+        h = h + F.linear(F.gelu(F.linear(a, W["W1_%d" % i].T)), W["W2_%d" % i].T)
+    logits = F.linear(F.layer_norm(h, (D,), W["gf"]), W["E"])
     return F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), reduction="sum")
 
 

@@ -78,7 +78,9 @@ def _op(op: Op, a: list, nb: int):
         return rt._scatter_into(*a, at["vocab"], nb if at.get("total") else None, at["t"])
     table = {"scale": lambda x: x, "cat_matmul": lambda w, *bs: w @ rt._cat(bs, -2),
              "cat_addmm": lambda c, w, *bs: rt._addmm(c, w, rt._cat(bs, -2)),
-             "dlayernorm_affine": lambda *xs: rt._dlayernorm_affine(*xs, nb)}
+             "layernorm_affine": lambda A, g, b=None: rt._layernorm_affine(A, g, b),
+             "dlayernorm_affine": lambda *xs: rt._dlayernorm_affine(*xs, nb) if len(xs) == 6
+             else rt._dlayernorm_affine(*xs, None, nb)[:2]}  # (the gain alone: no bias)
     return table.get(k, getattr(rt, "_" + k, None))(*a)
 
 
@@ -332,25 +334,55 @@ def _unchanged_layernorm(frame="t", extra=(), kept_more=(), **change):
     assert run(affine_layernorms, ops, kept | {op.out for op in ops[len(ops) - len(extra):]}, given).ops == ops
 
 
+def _gain_only_layernorm(frame="t", extra=(), kept_more=(), numbers=True, **change):
+    """The layer norm with its gain alone as the kernels (M = X o g made by the forward, the gain's
+    gradient by the backward), the rest as it was, and the same numbers (``numbers``: where the
+    ops are shaped to be computed)."""
+    given, n, ops = _layernorm(frame, **change)
+    ops = ops + [f(n) for f in extra]
+    kept = {n["y"], n["dA"], n["wg"]} | {op.out for op in ops if op.kind == "sum_axis"} | {n[k] for k in kept_more}
+    kept |= {op.out for op in ops[len(ops) - len(extra):]}
+    sweep = run(affine_layernorms, ops, kept, given)
+    kinds = [op.kind for op in sweep]
+    forward = next(op for op in sweep if op.kind == "layernorm_affine")
+    backward = next(op for op in sweep if op.kind == "dlayernorm_affine")
+    assert forward.outs == (n["h"], n["m"], n["r"]) and forward.args == (R(n["A"]), R(n["g"]))
+    assert backward.outs == (n["dA"], n["wg"]) and len(backward.args) == 5
+    assert "layernorm_stats" not in kinds and "dlayernorm_stats" not in kinds
+    gen = torch.Generator().manual_seed(9)
+    for nb in (3, 0) if numbers else ():
+        same(ops, sweep.ops, _layernorm_env(n, nb, gen), kept, nb)
+
+
 def test_an_affine_layer_norm_read_elsewhere_stays():
-    # its X, its X o g, its U or its V read by anything else, or kept after the sweep
-    for read in ("x", "h", "u", "v"):
+    # its X, its U or its V read by anything else, or kept after the sweep
+    for read in ("x", "u", "v"):
         _unchanged_layernorm(extra=[lambda n, read=read: Op("scale", [V()], (R(n[read], False, 2.0),))])
         _unchanged_layernorm(kept_more=[read])
 
 
+@pytest.mark.parametrize("frame", ["t", "rows"])
+def test_a_layer_norm_with_its_gain_alone_is_one_kernel_forward_and_one_backward(frame):
+    # nanoGPT's bias=False: layernorm(A) o g and no bias; and where the bias cannot join the kernel
+    # (X o g read by anything else, kept, the bias read scaled or transposed or subtracted, or no
+    # gradient of it asked), the gain's kernel makes X o g and the sum with the bias stays
+    _gain_only_layernorm(frame, s=lambda n: None, wb=None,
+                         y=lambda n: Op("matmul", [n["y"]], (R(n["h"]), R(n["W"]))))
+    _gain_only_layernorm(frame, extra=[lambda n: Op("scale", [V()], (R(n["h"], False, 2.0),))])
+    _gain_only_layernorm(frame, kept_more=["h"])
+    _gain_only_layernorm(frame, wb=None)
+    _gain_only_layernorm(frame, s=lambda n: add(n["s"], R(n["h"]), R(n["b"], False, 2.0)))
+    _gain_only_layernorm(frame, s=lambda n: add(n["s"], R(n["h"]), R(n["b"], True)), numbers=False)
+    _gain_only_layernorm(frame, s=lambda n: add(n["s"], R(n["h"]), R(n["b"]), signs=(1, -1)))
+
+
 def test_an_affine_layer_norm_in_another_form_stays():
     # no backward; a frame that does not fit (the gain summed over the other axis); the upstream's
-    # frame not the one U is read in; a bias read transposed, or scaled; the sums not summed over the batch
+    # frame not the one U is read in; a gain read scaled; the sums not summed over the batch
     _unchanged_layernorm("rows", dA=None)
     _unchanged_layernorm("rows", wg=lambda n: Op("sum_axis", [n["wg"]], (R(n["v"]),), axis=-1, total=True,
                                                  view_t=True))
     _unchanged_layernorm("rows", wg=lambda n: Op("sum_axis", [n["wg"]], (R(n["v"]),), axis=-2))
-    _unchanged_layernorm("rows", wb=lambda n: Op("sum_axis", [n["wb"]], (R(n["E"]),), axis=-2))
-    _unchanged_layernorm("rows", wb=None)
-    _unchanged_layernorm("rows", s=lambda n: add(n["s"], R(n["h"]), R(n["b"], False, 2.0)))
-    _unchanged_layernorm("rows", s=lambda n: add(n["s"], R(n["h"]), R(n["b"], True)))
-    _unchanged_layernorm("rows", s=lambda n: add(n["s"], R(n["h"]), R(n["b"]), signs=(1, -1)))
     _unchanged_layernorm("rows", h=lambda n: had(n["h"], R(n["x"]), R(n["g"], False, 2.0)))
     _unchanged_layernorm("t", dA=lambda n: Op("dlayernorm_stats", [n["dA"]], (R(n["A"]), R(n["u"]), R(n["m"]),
                                                                               R(n["r"]))))

@@ -97,7 +97,7 @@ def test_a_smoke_run_trains_saves_resumes_and_samples(tmp_path):
     # the checkpoint: the Model's state_dict by printed name, the step, the vocabulary
     state = torch.load(out / "ckpt.pt", weights_only=True)
     assert state["iter_num"] == 20 and "".join(state["chars"]) == "".join(sorted(set(TEXT.read_text())))
-    assert {"E", "P", "Q_0_0", "bq_0_1", "W2_0", "gf"} <= set(state["model"])
+    assert {"E", "P", "Q_0_0", "K_0_1", "W2_0", "gf"} <= set(state["model"])
     assert state["model"]["gf"].shape == (32,)
     assert not [p for p in out.iterdir() if ".tmp" in p.name]
     assert len(list(out.glob("model-*.py"))) == 1 and len(list(out.glob("logits-*.py"))) == 1  # cached
@@ -144,7 +144,7 @@ def test_float64_steps_agree_with_nanogpt(tmp_path):
     model = module.Model(dtype=torch.float64)
     s.init_weights(model)
     names = {name: p.detach() for name, p in model.named_weights()}
-    assert float(names["gf"].min()) == 1.0 and float(names["bq_1_0"].abs().max()) == 0.0
+    assert float(names["gf"].min()) == 1.0 and float(names["g2_1"].max()) == 1.0
     assert abs(float(names["W2_1"].std()) - 0.02 / math.sqrt(4)) < 0.003  # 0.02/sqrt(2 x blocks)
     assert abs(float(names["Q_0_1"].std()) - 0.02) < 0.003
     ref = ref_module.reference_of(model)  # scaled_dot_product_attention(is_causal=True), as nanoGPT's

@@ -323,13 +323,15 @@ def _affine_layernorm(sweep: Sweep, stats: Op, pos: dict, kept: set) -> Optional
     if f2 is None:
         return None
     g, m = _other(f2, Read(x)), f2.out
+    if not _made_before(sweep, g.value, pos[stats], pos):
+        return None  # (the fused forward is where the statistics were: g must be known there)
     f3 = next(iter(sweep.readers.get(m, {})), None)
     terms = _head(f3, (1, 1)) if f3 is not None and _only_reader(sweep, m, f3, kept) else None
-    if terms is None or Read(m) not in terms:
-        return None
-    b = terms[1] if terms[0] == Read(m) else terms[0]
-    if not _bare(b) or b.value is m or not all(_made_before(sweep, r.value, pos[stats], pos) for r in (g, b)):
-        return None  # (the fused forward is where the statistics were: g and b must be known there)
+    b = None  # the bias row, if S = M + b follows (else a layer norm with its gain alone, as bias=False's)
+    if terms is not None and Read(m) in terms:
+        b = terms[1] if terms[0] == Read(m) else terms[0]
+        if not _bare(b) or b.value is m or not _made_before(sweep, b.value, pos[stats], pos):
+            b = None
     # the backward: U = G o g read (in the same frame) by D = dlayernorm_stats(A, U, mean, rstd)
     back = [j for j in sweep.users(mean) if j.kind == "dlayernorm_stats" and j.args[0] == a
             and j.args[2] == Read(mean) and j.args[3] == Read(rstd)]
@@ -349,9 +351,18 @@ def _affine_layernorm(sweep: Sweep, stats: Op, pos: dict, kept: set) -> Optional
     v, vflip = gain.out, _times(gain, Read(x))[1]
     wg = [j for j in sweep.users(v) if _row_sum(j) == Read(v, vflip)]
     wb = sorted((j for j in sweep.users(grad.value) if _row_sum(j) == grad), key=pos.get)
-    if len(wg) != 1 or not _only_reader(sweep, v, wg[0], kept) or not wb:
+    if len(wg) != 1 or not _only_reader(sweep, v, wg[0], kept):
         return None
-    wg, wb = wg[0], wb[0]
+    wg = wg[0]
+    if b is None or not wb:  # the gain alone (a bias that is no weight: added after, as it was)
+        if pos[wg] < pos[back] or sweep.updated_between((grad.value,), pos, pos[f_u] + 1, pos[wg] + 1):
+            return None
+        gone = {f2: [], f_u: [], gain: [], wg: []}
+        if len(set(gone) | {stats, back}) != 6:
+            return None
+        return gone, {stats: [Op("layernorm_affine", [m, mean, rstd], (a, g))],
+                      back: [Op("dlayernorm_affine", [back.out, wg.out], (grad, a, Read(mean), Read(rstd), g))]}
+    wb = wb[0]
     if min(pos[wg], pos[wb]) < pos[back] or sweep.updated_between((grad.value,), pos, pos[f_u] + 1,
                                                                   max(pos[wg], pos[wb]) + 1):
         return None  # the gradients are made where the backward is, from G as it is there
@@ -372,8 +383,10 @@ def affine_layernorms(sweep: Sweep, kept: set) -> None:
     ``Wg = sum_axis(V, -2, total)`` and the bias's ``Wb = sum_axis(G, -2, total)`` become ``D, Wg,
     Wb = dlayernorm_affine(G, A, m, r, g, b)``, each of them also in the transposed frame (``U =
     G^t o g^t`` read as ``U^t``, sums over -1 read transposed). A layer norm where any of these
-    is missing, or whose X, M or U something else reads, stays as it is. ``kept``: the values
-    read after the sweep."""
+    is missing, or whose X, M or U something else reads, stays as it is. A layer norm with its
+    gain alone (``M = X o g``, no bias: nanoGPT's ``bias=False``) is ``M, m, r =
+    layernorm_affine(A, g)`` and ``D, Wg = dlayernorm_affine(G, A, m, r, g)``. ``kept``: the
+    values read after the sweep."""
     pos = sweep.positions()
     gone: dict = {}
     kernels: dict = {}

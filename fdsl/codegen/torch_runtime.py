@@ -602,28 +602,32 @@ def _dlayernorm_stats(A, B, mean, rstd):
 
 
 def _layernorm_affine(A, g, b):
-    """(layernorm(A) * g + b, its row means, its rows' 1/sigma), g and b rows: torch's one fused
-    layer norm with its gain and bias."""
-    return torch.ops.aten.native_layer_norm(A, A.shape[-1:], g.reshape(-1), b.reshape(-1), 1e-5)
+    """(layernorm(A) * g + b, its row means, its rows' 1/sigma), g and b rows (b None: none, a
+    layer norm with its gain alone): torch's one fused layer norm with its gain and bias."""
+    return torch.ops.aten.native_layer_norm(A, A.shape[-1:], g.reshape(-1), None if b is None else b.reshape(-1),
+                                            1e-5)
 
 
 def _dlayernorm_affine(G, A, mean, rstd, g, b, nb):
     """(dlayernorm(A, G o g), the gradient of the gain g, of the bias b) of layernorm(A) * g + b,
     from the forward's row statistics, the gradients summed over the rows and the batch: torch's
-    one fused layer-norm backward. A G that is not shaped like A: the same, term by term."""
+    one fused layer-norm backward (b None: no bias, and None for its gradient). A G that is not
+    shaped like A: the same, term by term."""
     d = A.shape[-1]
     if G.shape == A.shape:
-        dA, dg, db = torch.ops.aten.native_layer_norm_backward(G, A, A.shape[-1:], mean, rstd, g.reshape(-1),
-                                                                b.reshape(-1), [True, True, True])
-        dg, db = dg.view(1, d), db.view(1, d)
+        dA, dg, db = torch.ops.aten.native_layer_norm_backward(
+            G, A, A.shape[-1:], mean, rstd, g.reshape(-1), None if b is None else b.reshape(-1),
+            [True, True, b is not None])
+        dg, db = dg.view(1, d), None if b is None else db.view(1, d)
     else:
         Xhat = (A - mean) * rstd
         dA = _dlayernorm_given(Xhat, rstd, G * g)
         dg = (G * Xhat).reshape(-1, d).sum(0, keepdim=True)
-        db = G.reshape(-1, d).sum(0, keepdim=True)
+        db = None if b is None else G.reshape(-1, d).sum(0, keepdim=True)
     if nb and G.dim() == 2:  # no example changes it: once per example
-        dg, db = dg * nb, db * nb
+        dg, db = dg * nb, None if b is None else db * nb
     return dA, dg, db
+
 
 def _dlayernorm(A, B):
     """layernorm's Jacobian at A on B (as fdsl.numbers.numpy_runtime._dlayernorm): torch's fused

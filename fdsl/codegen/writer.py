@@ -276,6 +276,8 @@ class Writer:
             if kind == "trace_product" and a[0].t and not a[0].scale:  # trace(A^t B): the sum of A o B
                 kind, a = "inner", (a[0].T(), a[1])
             helper = _HELPERS.get(kind + ("_heads" if op.attrs.get("heads") else ""))
+            if kind in ("layernorm_affine", "dlayernorm_affine") and len(op.outs) + len(a) in (5, 7):
+                helper = _GAIN_ONLY[kind]  # (no bias row: kernels.affine_layernorms)
             if helper is None:
                 raise FdslError("internal: the %s writer cannot spell an op of kind %r" % (tgt.name, kind))
             code = helper % tuple(self.read(r) for r in a)
@@ -361,6 +363,13 @@ _HELPERS = {
     "trace_product_heads": "_trace_product_heads(%s, %s)",
     "inner": "_inner(%s, %s)",
     "inner_heads": "_inner_heads(%s, %s)",
+}
+
+
+# an affine layer norm with its gain alone (no bias row)
+_GAIN_ONLY = {
+    "layernorm_affine": "_layernorm_affine(%s, %s, None)",
+    "dlayernorm_affine": "_dlayernorm_affine(%s, %s, %s, %s, %s, None, _nb)[:2]",
 }
 
 
