@@ -672,3 +672,17 @@ def test_a_gradient_read_elsewhere_or_handed_out_as_it_is_stays():
     sweep = Sweep(ops[:1])
     results = {"E": ("plain", _Ref(p), True)}
     assert returned_as_stored(sweep, dict(results)) == results and sweep.ops == ops[:1]
+
+
+def test_a_layer_norm_times_a_matrix_is_not_the_gain_kernel():
+    # layernorm(A) o W with W a matrix (not a row of gains): no fused kernel takes it, with a bias
+    # row or without
+    for change in ({"s": lambda n: None, "wb": None}, {}):
+        given, n, ops = _layernorm("rows", **change)
+        W2 = V(5, 4)
+        ops = [had(op.out, R(n["x"]), R(W2)) if op.kind == "template" and op.out is n["h"] else op for op in ops]
+        ops = [had(op.out, R(n["E"]), R(W2)) if op.kind == "template" and op.out is n["u"] else op for op in ops]
+        if "s" in change:
+            ops = [Op("matmul", [n["y"]], (R(n["h"]), R(n["W"]))) if op.out is n["y"] else op for op in ops]
+        kept = {n["y"], n["dA"], n["wg"]} | ({n["wb"]} if not change else set())
+        assert run(affine_layernorms, ops, kept, given + (W2,)).ops == ops

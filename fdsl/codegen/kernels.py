@@ -312,6 +312,13 @@ def _row_sum(op: Op) -> Optional[Read]:
     return None
 
 
+def _row(r: Read) -> bool:
+    """A row (1 x d) read as it is: a gain or bias the fused layer norm takes as its (d,) vector
+    (a matrix of gains, ``layernorm(Z) * W``, is no such thing)."""
+    shape = r.value.shape
+    return not r.t and shape is not None and len(shape) == 2 and shape[0] == 1 and not r.value.batched
+
+
 def _affine_layernorm(sweep: Sweep, stats: Op, pos: dict, kept: set) -> Optional[dict]:
     x, mean, rstd = stats.outs
     a = stats.args[0]
@@ -323,14 +330,14 @@ def _affine_layernorm(sweep: Sweep, stats: Op, pos: dict, kept: set) -> Optional
     if f2 is None:
         return None
     g, m = _other(f2, Read(x)), f2.out
-    if not _made_before(sweep, g.value, pos[stats], pos):
+    if not _row(g) or not _made_before(sweep, g.value, pos[stats], pos):
         return None  # (the fused forward is where the statistics were: g must be known there)
     f3 = next(iter(sweep.readers.get(m, {})), None)
     terms = _head(f3, (1, 1)) if f3 is not None and _only_reader(sweep, m, f3, kept) else None
     b = None  # the bias row, if S = M + b follows (else a layer norm with its gain alone, as bias=False's)
     if terms is not None and Read(m) in terms:
         b = terms[1] if terms[0] == Read(m) else terms[0]
-        if not _bare(b) or b.value is m or not _made_before(sweep, b.value, pos[stats], pos):
+        if not _bare(b) or not _row(b) or b.value is m or not _made_before(sweep, b.value, pos[stats], pos):
             b = None
     # the backward: U = G o g read (in the same frame) by D = dlayernorm_stats(A, U, mean, rstd)
     back = [j for j in sweep.users(mean) if j.kind == "dlayernorm_stats" and j.args[0] == a
