@@ -155,3 +155,19 @@ def test_a_grouped_gradient_cut_by_columns_is_the_transpose_of_contiguous_blocks
     parts = rt._split_total(A.mT, B, 3, 4, -1)
     want = (A.mT @ B).sum(0).chunk(4, -1)
     assert all(torch.allclose(p, w, rtol=1e-12, atol=1e-12) and p.mT.is_contiguous() for p, w in zip(parts, want))
+
+
+def test_heads_given_as_rows_are_joined_as_one_view_and_transposed():
+    # Q_j : k x d (nn.Linear's layout), the product A [Q_1^t ... Q_h^t]: with t=True the weights
+    # go as they are, their join is a view of the family and its transpose the product's side
+    g = torch.Generator().manual_seed(4)
+    family = torch.randn(6 * 3, 8, generator=g, dtype=torch.float64)  # 3 kinds x 2 heads of k = 3
+    Bs = [family[3 * i:3 * i + 3] for i in range(6)]
+    bias = torch.randn(1, 18, generator=g, dtype=torch.float64)
+    rows = [bias[:, 3 * i:3 * i + 3] for i in range(6)]
+    A = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)
+    for b in (None, rows):
+        want = rt._grouped_heads(A, [B.mT for B in Bs], 2, bias=b)
+        got = rt._grouped_heads(A, Bs, 2, bias=b, t=True)
+        assert all(torch.equal(x, y) for x, y in zip(got, want))
+    assert rt._cat(Bs, -2).data_ptr() == family.data_ptr()  # (the join: the family itself, no copy)

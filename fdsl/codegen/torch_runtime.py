@@ -372,11 +372,17 @@ def _matmul_total(A, B, nb, lp=None, alpha=None):
     return _product(A, B, alpha)
 
 
+_ZERO: dict = {}  # (dtype, device) -> a 0-d zero, the input an addmm with beta 0 does not read
+
+
 def _product(A, B, alpha=None):
     """alpha A @ B for two matrices, alpha as the product's own (addmm's, the input not read)."""
     if alpha is None:
         return A @ B
-    return torch.addmm(A.new_zeros(()), A, B, beta=0, alpha=alpha)
+    zero = _ZERO.get((A.dtype, A.device))
+    if zero is None or torch.compiler.is_compiling():
+        zero = _ZERO[A.dtype, A.device] = A.new_zeros(())
+    return torch.addmm(zero, A, B, beta=0, alpha=alpha)
 
 
 def _cat(xs, dim):
@@ -467,14 +473,17 @@ def _add_into(P, Z):
     return P + Z
 
 
-def _grouped_heads(A, Bs, h, lp=None, bias=None):
+def _grouped_heads(A, Bs, h, lp=None, bias=None, t=False):
     """A [B_1 ... B_kh] (the h heads of each of k kinds, kind by kind) as k stacks of heads
     (..., h, rows, cols): views of the one product, no copies. ``bias``: a row for each B_i (its
-    head's bias), added as the product is made (one addmm, as nn.Linear's fused c_attn)."""
+    head's bias), added as the product is made (one addmm, as nn.Linear's fused c_attn). ``t``:
+    the Bs given transposed (A [B_1^t ... B_kh^t], each B_i as a Model holds it, nn.Linear's
+    layout): [B_1; ...; B_kh]^t, one transpose of their join."""
+    W = _cat(Bs, -2).mT if t else _cat(Bs, -1)
     if bias is None:
-        R = _matmul(A, _cat(Bs, -1), lp)
+        R = _matmul(A, W, lp)
     else:
-        R = _addmm(_cat(bias, -1), A, _cat(Bs, -1), lp)
+        R = _addmm(_cat(bias, -1), A, W, lp)
     R = R.unflatten(-1, (len(Bs) // h, h, -1))
     return tuple(R.select(-3, j).transpose(-3, -2) for j in range(len(Bs) // h))
 

@@ -262,6 +262,10 @@ class Writer:
             half = 1 + (len(a) - 1) // 2  # biased: the B, then a bias row for each
             bs, rows = (a[half:], a[1:half])[::-1] if op.attrs.get("biased") else (a[1:], ())
             bias = ", bias=%s" % self.reads(rows) if rows else ""
+            if len(bs) > 1 and all(r.t and not r.scale and not r.value.scalar for r in bs):
+                # all read transposed (Q^t, as nn.Linear's rows): given as they are, joined along
+                # the rows and the join transposed, one view where there were a transpose a weight
+                bs, bias = [r._replace(t=False) for r in bs], bias + ", t=True"
             code = "_grouped_heads(%s, %s, %d%s%s)%s" % (self.read(a[0]), self.reads(bs), op.attrs["h"], lp, bias,
                                                          "" if len(op.outs) > 1 else "[0]")
         elif kind == "side_by_side":  # each stack scaled (its read's scale) as it is copied in
