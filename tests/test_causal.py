@@ -4,6 +4,8 @@ whole one, and a GPT's gradients with the pass against the same module without i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -166,3 +168,78 @@ def test_the_causal_softmax_as_a_traced_graph(monkeypatch):
     eager = rt._causal_softmax(A, B, M, 0.5)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert torch.allclose(rt._causal_softmax(A, B, M, 0.5), eager, rtol=1e-13, atol=1e-15)
+
+
+# ---- the stacks made into their side-by-side matrix (heads.products_side_by_side) ----------------
+
+NANOGPT = Path(__file__).resolve().parent.parent / "examples" / "nanogpt.fd"
+
+
+def _nanogpt():
+    """examples/nanogpt.fd (nanoGPT's heads: Q, K, V k x d, no biases) with one block of two heads,
+    its dims as they are (the chain order, and so the stacks' layout, follows the dims)."""
+    text = NANOGPT.read_text()
+    assert "heads(i, 5, " in text and "gpt(6)" in text
+    return fdsl.parse(text.replace("heads(i, 5, ", "heads(i, 1, ").replace("gpt(6)", "gpt(1)"))
+
+
+def test_the_attentions_stacks_are_made_into_their_side_by_side_matrix():
+    # forward: P V into the matrix the output projection reads; backward: dS K, dS^t Q (scaled by
+    # s) and P^t dO into the matrix the weights' gradients and the input's adjoint read
+    ops = _sweep(_nanogpt()).ops
+    made = [op for op in ops if op.kind == "side_products"]
+    assert sorted(op.attrs["kinds"] for op in made) == [("L",), ("L", "U", "U")], made
+    back = next(op for op in made if len(op.attrs["kinds"]) == 3)
+    assert back.attrs["scales"] == (0.125, 0.125, None) and len(back.args) == 6  # s = k^(-1/2), k = 64
+    assert not any(op.kind == "side_by_side" for op in ops)
+
+
+def test_stacks_read_by_two_matrices_are_made_and_copied():
+    # GPT above (its dims: the chain order makes the backward's stacks read transposed, scaled by
+    # one side-by-side matrix and as they are by another; the forward's P V read by a matrix and
+    # another op): each is made, then copied in
+    ops = _sweep(_program()).ops
+    assert not any(op.kind == "side_products" for op in ops)
+    assert sum(op.kind == "side_by_side" for op in ops) == 3
+
+
+@pytest.mark.parametrize("lead", [(3,), (2, 3)])
+@pytest.mark.parametrize("n", [200, 64])
+def test_side_products_are_the_side_by_side_matrix_of_the_products(lead, n, monkeypatch):
+    g = torch.Generator().manual_seed(15)
+    tri = torch.randn(*lead, n, n, generator=g, dtype=torch.float64).tril()
+    B = torch.randn(*lead, n, 5, generator=g, dtype=torch.float64)
+    A5 = torch.randn(*lead, n, 5, generator=g, dtype=torch.float64)
+    B5 = torch.randn(*lead, 5, 5, generator=g, dtype=torch.float64)
+    specs = ((tri, B, "L", 0.5), (tri.mT, B, "U", None), (A5, B5, None, 2.0), (tri, B, None, None))
+    want = rt._side_by_side(tuple((A @ b) * (1.0 if c is None else c) for A, b, _, c in specs))
+    got = rt._side_products(specs)
+    assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # (a traced graph: the stacks joined)
+    assert torch.allclose(rt._side_products(specs), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_gpts_gradients_with_the_stacks_made_in_place_are_those_without(monkeypatch):
+    # context 256: the causal products in four blocks, written into the matrix's columns
+    p = _nanogpt()
+    w = p["w"]
+    from fdsl.numbers.values import program_values, random_values
+
+    random_values(p, 5)
+    store = program_values(p)
+
+    def run():
+        src = gradients_source(p.normal_form(w), p.dims, "test", "torch", loss=loss_of(w))
+        module = compile_namespace(src)
+        values = {name: torch.as_tensor(store[name]) for name in module["INPUTS"]}
+        return module["grads_and_loss"](values), src
+
+    (g, loss), src = run()
+    assert src.count("_side_products(") >= 2
+    monkeypatch.setattr(lowering, "products_side_by_side", lambda sweep, kept: None)
+    (g_off, loss_off), src_off = run()
+    assert "_side_products(" not in src_off.split("def grads_and_loss")[1]
+    assert abs(float(loss) - float(loss_off)) <= 1e-12 * abs(float(loss_off))
+    for name in g_off:
+        scale = max(1.0, float(torch.as_tensor(g_off[name]).abs().max()))
+        assert float((torch.as_tensor(g[name]) - torch.as_tensor(g_off[name])).abs().max()) <= 1e-11 * scale, name

@@ -247,7 +247,8 @@ def test_twelve_biased_heads_are_factored_and_stacked(monkeypatch):
                                                                          "dim n = 5, v = 7, d = 24, k = 2")
     p = fdsl.parse(text)
     kinds = _sweep_kinds(p)
-    assert kinds.get("grouped_heads", 0) >= 4 and kinds.get("side_by_side", 0) >= 4, kinds
+    wide = kinds.get("side_by_side", 0) + kinds.get("side_products", 0)  # (the stacks copied or made in)
+    assert kinds.get("grouped_heads", 0) >= 4 and wide >= 4, kinds
     assert kinds.get("stack", 0) == 0 and kinds.get("aa_given") == 2, kinds  # one softmax backward a block
     monkeypatch.setattr(lowering, "factored", _unfactored)
     off = _sweep_kinds(p)

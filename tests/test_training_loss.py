@@ -389,8 +389,9 @@ def test_a_subtracted_product_joins_the_sum_of_products():
 def test_the_chargpt_scales_each_score_adjoint_once():
     # the attention's score adjoints, read by a weight's gradient and by the adjoint below, are
     # scaled by s once for both (shared_scalings), not once in each, and once for all heads: as
-    # the stacks of the heads are copied side by side (heads.side_by_side), 2 stacks a block
-    # (gradients: the chargpt test)
+    # the stacks of the heads are made into their side-by-side matrix (heads.side_by_side,
+    # products_side_by_side: the scale the products' alpha), 2 stacks a block (gradients: the
+    # chargpt test)
     from fdsl.calculus.gradients import loss_of
 
     p = fdsl.load(ROOT / "examples" / "chargpt.fd")
@@ -398,7 +399,8 @@ def test_the_chargpt_scales_each_score_adjoint_once():
     body = source.split("def grads_and_loss(")[1].split("def grads(")[0]
     s = repr(12 ** -0.5)
     backward = body[body.index("_aa_given("):]
-    wide = r"\w+_w = _side_by_side\(\(\w+_h, \w+_h, \w+_h,\), \(%s, %s, None,\)\)\n" % ((re.escape(s),) * 2)
+    wide = r"\w+_w = _side_products\(\(\([^()]+, 'L', %s\), \([^()]+, 'U', %s\), \([^()]+, 'U', None\),\)" % (
+        (re.escape(s),) * 2)
     assert backward.count(s) == 4 and len(re.findall(wide, backward)) == 2, backward
 
 

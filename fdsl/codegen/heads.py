@@ -36,6 +36,11 @@ side by side the heads of one or more stacks as the columns of one matrix, ``(..
 kinds        the products of the forward's grouped Q, K, V product (``grouped``) that are stacked
              head by head: read as views of the one product (``grouped_heads``).
 
+products     ``side_products``: a side-by-side matrix whose stacks are products (``matmul`` bmm,
+             causal or not) that nothing else reads, each product written into its columns as it
+             is made, its scale the product's alpha (``products_side_by_side``): the stacks are
+             not made, nor copied in (an attention's dq, dk, dv; its forward's P V).
+
 ``stacked_heads`` does each run of h alike chains as one chain on stacks; after it the heads are
 computed on stacks, but the ops around them still read them one by one: the grouped product of Q,
 K and V is split into 3 h matrices and stacked again (3 copies), and the weights' gradients and
@@ -661,3 +666,41 @@ def _traces_of_heads(sweep: Sweep, op: Op, kept: set) -> Optional[tuple]:
         return None
     a, ta, b, tb = stacks
     return gone, (Read(a.args[0].value, ta), Read(b.args[0].value, tb)), scale
+
+
+def products_side_by_side(sweep: Sweep, kept: set) -> None:
+    """Each ``side_by_side`` whose stacks are products (``matmul`` of two stacks, ``bmm``, causal
+    or not; not summed over the batch, not scaled after) that it alone reads, read as they are
+    with scales that are numbers, as one ``side_products`` where the side-by-side matrix was
+    made (attrs ``kinds``: each product's causal kind or None, ``scales``: each stack's number
+    or None): the products are written into the matrix's columns (module doc). A product whose
+    operands an op updates in place before that point stays as it is. ``kept``: the values read
+    after the sweep."""
+    pos = sweep.positions()
+    mapping: dict = {}
+    for op in sweep.ops:
+        if op.kind != "side_by_side":
+            continue
+        makers = [sweep.maker.get(r.value) for r in op.args]
+        if any(m is None or m.kind != "matmul" or not m.attrs.get("bmm") or m.attrs.get("total")
+               or m.attrs.get("out_scale") or m.attrs.get("seeded") or len(m.args) != 2 or m in mapping
+               for m in makers):
+            continue
+        if any(r.t or not all(isinstance(c, (int, float)) for c in r.scale) or r.value in kept
+               or list(sweep.readers.get(r.value, ())) != [op] for r in op.args) \
+                or len({r.value for r in op.args}) != len(op.args):
+            continue
+        if any(sweep.updated_between(m.values_read(), pos, pos[m] + 1, pos[op]) for m in makers):
+            continue
+        scales = []
+        for r in op.args:
+            c = 1.0
+            for x in r.scale:
+                c *= float(x)
+            scales.append(c if r.scale else None)
+        for m in makers:
+            mapping[m] = []
+        mapping[op] = [Op("side_products", op.outs, [a for m in makers for a in m.args],
+                          kinds=tuple(m.attrs.get("causal") for m in makers), scales=tuple(scales))]
+    if mapping:
+        sweep.rewrite(mapping)

@@ -163,6 +163,8 @@ KINDS = {
     "grouped_heads": Kind("the grouped Q, K, V product whose kinds are stacks of heads (attrs h; biased: the "
                           "second half of its B are the heads' bias rows, added)", multi=True),
     "side_by_side": Kind("stacks' heads as the columns of one matrix"),
+    "side_products": Kind("side_by_side of the products A_i B_i of stacks, each written into its columns (attrs "
+                          "kinds: causal kinds or None; scales: numbers or None)"),
     "split": Kind("a matrix cut into n equal parts along an axis, views (attrs n, axis)", multi=True),
 }
 

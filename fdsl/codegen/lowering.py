@@ -84,7 +84,14 @@ from .fusion import (
     transposed_reads,
     unlet,
 )
-from .heads import biased_kinds, grouped_kinds, side_by_side, stacked_heads, stacked_traces
+from .heads import (
+    biased_kinds,
+    grouped_kinds,
+    products_side_by_side,
+    side_by_side,
+    stacked_heads,
+    stacked_traces,
+)
 from .ir import Dim, Op, Read, Sweep, Value, check
 from .kernels import (
     added_in_place,
@@ -454,6 +461,7 @@ class Lowering(Products, OneHot, ModuleWriter):
                 lambda s: affine_layernorms(s, kept),
                 lambda s: logsoftmax_backwards(s, kept),
                 lambda s: causal_products(s, kept, masks),  # blocks a causal mask zeroes not multiplied
+                lambda s: products_side_by_side(s, kept),  # stacks made into their side-by-side matrix
             ]
         steps.append(lambda s: early_results(s, returned | loss))  # each gradient when its adjoint is known
         for step in steps:

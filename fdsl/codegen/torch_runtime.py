@@ -259,8 +259,7 @@ def _bmm_causal(A, B, kind, lp=None):
     if lp is not None:
         return _bmm_causal(A.to(lp), B.to(lp), kind).float()
     n = A.shape[-2]
-    if A.dim() != B.dim() or A.dim() not in (3, 4) or A.shape[:-2] != B.shape[:-2] or A.dtype != B.dtype \
-            or n < 2 * _CAUSAL_BLOCK or (kind != "out" and A.shape[-1] != n):
+    if not _causal_fits(A, B, kind):
         return _bmm(A, B)
     if torch.compiler.is_compiling():  # (a traced graph writes no views: the blocks, concatenated)
         return torch.cat([_causal_block(A, B, kind, r0, min(r0 + _CAUSAL_BLOCK, n))
@@ -272,6 +271,48 @@ def _bmm_causal(A, B, kind, lp=None):
         for i in range(A.shape[0]):
             _causal_blocks(A[i], B[i], kind, out[i])
     return out
+
+
+def _causal_fits(A, B, kind):
+    """Whether _bmm_causal(A, B, kind) multiplies in blocks: two stacks of one leading shape and
+    dtype, at least two blocks of rows, A square where it is the triangular one."""
+    n = A.shape[-2]
+    return A.dim() == B.dim() and A.dim() in (3, 4) and A.shape[:-2] == B.shape[:-2] and A.dtype == B.dtype \
+        and n >= 2 * _CAUSAL_BLOCK and (kind == "out" or A.shape[-1] == n)
+
+
+def _side_products(specs, lp=None):
+    """_side_by_side of the stacks A_i @ B_i, each times its scale (``specs``: (A_i, B_i, kind_i,
+    scale_i), the kind a _bmm_causal kind or None for a whole product, the scale a number or
+    None), each product written into its columns of the side-by-side matrix as it is made (the
+    scale its alpha): no stack made, none copied in (an attention's backward: dq, dk and dv).
+    A product that does not multiply in blocks, or that broadcasts, is made and copied in;
+    anything else (autocast's dtype, a traced graph, stacks of other shapes): _side_by_side of
+    the products."""
+    shapes = [A.shape[:-1] + B.shape[-1:] for A, B, _, _ in specs]
+    if lp is not None or torch.compiler.is_compiling() or any(
+            A.dim() != B.dim() or A.dim() not in (3, 4) or A.shape[:-2] != B.shape[:-2] or A.dtype != B.dtype
+            or s[:-1] != shapes[0][:-1] for (A, B, _, _), s in zip(specs, shapes)):
+        return _side_by_side(tuple(_bmm_causal(A, B, k, lp) if k else _bmm(A, B, lp) for A, B, k, _ in specs),
+                             tuple(c for _, _, _, c in specs))
+    lead, h, rows = shapes[0][:-3], shapes[0][-3], shapes[0][-2]
+    x = specs[0][0].new_empty(lead + (rows, h * sum(s[-1] for s in shapes)))
+    at = 0
+    for (A, B, kind, scale), s in zip(specs, shapes):
+        block = x[..., at:at + h * s[-1]].unflatten(-1, (h, s[-1])).transpose(-3, -2)  # (..., h, rows, cols)
+        at += h * s[-1]
+        if kind is not None and not _causal_fits(A, B, kind):
+            product = _bmm_causal(A, B, kind)
+            if scale is None:
+                block.copy_(product)
+            else:
+                torch.mul(product, scale, out=block)
+        elif A.dim() == 3:
+            _causal_blocks(A, B, kind, block, scale)
+        else:  # one example at a time (as _bmm_causal)
+            for i in range(A.shape[0]):
+                _causal_blocks(A[i], B[i], kind, block[i], scale)
+    return x
 
 
 def _causal_softmax(A, B, M, scale=None, lp=None):
@@ -328,17 +369,29 @@ def _causal_block(A, B, kind, r0, r1):
     return a @ b if cols is None else torch.nn.functional.pad(a @ b, (0, B.shape[-1] - cols))
 
 
-def _causal_blocks(A, B, kind, out):
-    """_bmm_causal of two 3-D stacks, into ``out``."""
+def _causal_blocks(A, B, kind, out, alpha=None):
+    """_bmm_causal of two 3-D stacks (kind None: the whole product), times ``alpha`` (None: 1, the
+    products' own alpha), into ``out``."""
     n = A.shape[-2]
+    if kind is None:
+        _bmm_into(A, B, out, alpha)
+        return
     for r0 in range(0, n, _CAUSAL_BLOCK):
         r1 = min(r0 + _CAUSAL_BLOCK, n)
         a, b, cols = _causal_operands(A, B, kind, r0, r1)
         if cols is None:
-            torch.bmm(a, b, out=out[:, r0:r1])
+            _bmm_into(a, b, out[:, r0:r1], alpha)
         else:
-            torch.bmm(a, b, out=out[:, r0:r1, :cols])
+            _bmm_into(a, b, out[:, r0:r1, :cols], alpha)
             out[:, r0:r1, cols:] = 0
+
+
+def _bmm_into(a, b, out, alpha=None):
+    """alpha a @ b written into ``out`` (a view: the rows of a side-by-side matrix, strided)."""
+    if alpha is None:
+        torch.bmm(a, b, out=out)
+    else:  # (beta 0: what out held is not read)
+        torch.baddbmm(out, a, b, beta=0, alpha=alpha, out=out)
 
 
 def _foldable(x):

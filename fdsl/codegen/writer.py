@@ -268,6 +268,10 @@ class Writer:
                 bs, bias = [r._replace(t=False) for r in bs], bias + ", t=True"
             code = "_grouped_heads(%s, %s, %d%s%s)%s" % (self.read(a[0]), self.reads(bs), op.attrs["h"], lp, bias,
                                                          "" if len(op.outs) > 1 else "[0]")
+        elif kind == "side_products":  # each product into its columns (fdsl.codegen.heads)
+            code = "_side_products((%s,)%s)" % (", ".join(
+                "(%s, %s, %r, %r)" % (self.read(a[2 * i]), self.read(a[2 * i + 1]), k, c)
+                for i, (k, c) in enumerate(zip(op.attrs["kinds"], op.attrs["scales"]))), lp)
         elif kind == "side_by_side":  # each stack scaled (its read's scale) as it is copied in
             scales = ", (%s,)" % ", ".join(" * ".join(map(self.scalar, r.scale)) if r.scale else "None"
                                            for r in a) if any(r.scale for r in a) else ""
