@@ -102,13 +102,14 @@ def test_the_blocked_product_is_the_whole_product_where_it_is_read(kind, lead, n
         assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_a_gpts_gradients_with_the_blocked_products_are_those_without(monkeypatch):
-    # n = 200: four blocks of 64 rows, the last of 8 (a context not a multiple of the block)
-    p = _program(n=200)
+def _same_with_and_without(p, seed, monkeypatch, name, off, call, least):
+    """The torch module of p's gradients against the same module with the pass ``name`` of
+    lowering switched off (``off``: its stand-in): ``call`` spelled at least ``least`` times with
+    it and never without, and the same loss and gradients (random values of ``seed``)."""
     w = p["w"]
     from fdsl.numbers.values import program_values, random_values
 
-    random_values(p, 4)
+    random_values(p, seed)
     store = program_values(p)
 
     def run():
@@ -118,14 +119,21 @@ def test_a_gpts_gradients_with_the_blocked_products_are_those_without(monkeypatc
         return module["grads_and_loss"](values), src
 
     (g, loss), src = run()
-    assert src.count("_bmm_causal(") >= 6
-    monkeypatch.setattr(lowering, "causal_products", lambda sweep, kept, masks: None)
+    assert src.count(call) >= least
+    monkeypatch.setattr(lowering, name, off)
     (g_off, loss_off), src_off = run()
-    assert "_bmm_causal(" not in src_off.split("def grads_and_loss")[1]
+    assert call not in src_off.split("def grads_and_loss")[1]
     assert abs(float(loss) - float(loss_off)) <= 1e-12 * abs(float(loss_off))
-    for name in g_off:
-        scale = max(1.0, float(torch.as_tensor(g_off[name]).abs().max()))
-        assert float((torch.as_tensor(g[name]) - torch.as_tensor(g_off[name])).abs().max()) <= 1e-11 * scale, name
+    for weight in g_off:
+        scale = max(1.0, float(torch.as_tensor(g_off[weight]).abs().max()))
+        err = float((torch.as_tensor(g[weight]) - torch.as_tensor(g_off[weight])).abs().max())
+        assert err <= 1e-11 * scale, weight
+
+
+def test_a_gpts_gradients_with_the_blocked_products_are_those_without(monkeypatch):
+    # n = 200: four blocks of 64 rows, the last of 8 (a context not a multiple of the block)
+    _same_with_and_without(_program(n=200), 4, monkeypatch, "causal_products", lambda sweep, kept, masks: None,
+                           "_bmm_causal(", 6)
 
 
 @pytest.mark.parametrize("kind", ["L", "U", "out"])
@@ -221,25 +229,5 @@ def test_side_products_are_the_side_by_side_matrix_of_the_products(lead, n, monk
 
 def test_a_gpts_gradients_with_the_stacks_made_in_place_are_those_without(monkeypatch):
     # context 256: the causal products in four blocks, written into the matrix's columns
-    p = _nanogpt()
-    w = p["w"]
-    from fdsl.numbers.values import program_values, random_values
-
-    random_values(p, 5)
-    store = program_values(p)
-
-    def run():
-        src = gradients_source(p.normal_form(w), p.dims, "test", "torch", loss=loss_of(w))
-        module = compile_namespace(src)
-        values = {name: torch.as_tensor(store[name]) for name in module["INPUTS"]}
-        return module["grads_and_loss"](values), src
-
-    (g, loss), src = run()
-    assert src.count("_side_products(") >= 2
-    monkeypatch.setattr(lowering, "products_side_by_side", lambda sweep, kept: None)
-    (g_off, loss_off), src_off = run()
-    assert "_side_products(" not in src_off.split("def grads_and_loss")[1]
-    assert abs(float(loss) - float(loss_off)) <= 1e-12 * abs(float(loss_off))
-    for name in g_off:
-        scale = max(1.0, float(torch.as_tensor(g_off[name]).abs().max()))
-        assert float((torch.as_tensor(g[name]) - torch.as_tensor(g_off[name])).abs().max()) <= 1e-11 * scale, name
+    _same_with_and_without(_nanogpt(), 5, monkeypatch, "products_side_by_side", lambda sweep, kept: None,
+                           "_side_products(", 2)
