@@ -38,9 +38,9 @@ under ``torch.compile`` with ``--compile``): the time of a step (zero_grad, forw
 AdamW) in ``--rounds`` interleaved rounds of ``--inner`` steps, as the median of the per-round
 ratios fdsl / autograd with their least and greatest; and the peak memory of a step, each side
 measured in a fresh process of its own (``--memory-of``): on the CPU the process's peak resident
-set (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) after building the model and its optimiser and
-running 3 steps (the mark reset just before them through ``/proc/self/clear_refs``: a child
-inherits its parent's), and its rise over the resident set just before the first step (the step's own:
+set (``VmHWM`` of ``/proc/self/status``) over 3 steps after building the model and its optimiser
+(the mark reset just before them through ``/proc/self/clear_refs``; not ``ru_maxrss``, which
+keeps the parent's across exec), and its rise over the resident set just before the first step (the step's own:
 activations, gradients, AdamW's state); on a GPU ``torch.cuda.max_memory_allocated``.
 ``--device cuda`` runs it on a GPU (at context 1024 for gpt2 unless ``--context`` says); without
 one it says so and records "no GPU here". Each size is written into BENCHMARKS.md between markers
@@ -462,9 +462,10 @@ def memory_of(args) -> int:
     """The child of a memory measurement: one side's model, optimiser and 3 steps in this fresh
     process; prints ``peak_mb rise_mb``."""
     import gc
-    import resource
 
     module = import_module(Path(args.module))
+    if args.device == "cpu":  # both sides with the allocator as the generated Model sets it (_keep_heap),
+        module._keep_heap()  # as they run in the timing's one process
     m, opt = large_side(module, torch.float32, args.device, args.memory_of, **_adamw(args))
     gc.collect()
     m_run = torch.compile(m) if args.compile else m
@@ -477,8 +478,9 @@ def memory_of(args) -> int:
         base = torch.cuda.memory_allocated()
     else:
         base = _resident()
-        # ru_maxrss keeps the high-water mark of the parent across fork and exec (the benchmark's own
-        # process, holding both models, is larger): Linux resets it on writing 5 to clear_refs
+        # the high-water mark of this process's memory from here (VmHWM: Linux resets it on writing
+        # 5 to clear_refs). Not ru_maxrss: it keeps the parent's across exec (the benchmark's own
+        # process, holding both models, is larger), and clear_refs does not reset that
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     for _ in range(3):
@@ -487,9 +489,18 @@ def memory_of(args) -> int:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes, since the reset
+        peak = _high_water()
     print("%.1f %.1f" % (peak / 2**20, (peak - base) / 2**20))
     return 0
+
+
+def _high_water() -> int:
+    """The process's peak resident set since clear_refs was last reset, in bytes (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise SystemExit("no VmHWM in /proc/self/status: the memory measurement needs Linux")
 
 
 def _resident() -> int:
@@ -570,7 +581,7 @@ def large(args) -> int:
         "its rise over what was resident before the first step."
         % (" fused" if args.fused else " foreach" if args.foreach else "", args.rounds, args.inner,
            "" if args.inner == 1 else "s", "wall time" if device == "cuda" else "the thread's CPU time",
-           "torch.cuda.max_memory_allocated" if device == "cuda" else "ru_maxrss"))
+           "torch.cuda.max_memory_allocated" if device == "cuda" else "VmHWM"))
     say()
     say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd, median (least - greatest) | "
         "peak MiB fdsl / autograd (rise) |")
