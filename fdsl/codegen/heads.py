@@ -683,8 +683,8 @@ def products_side_by_side(sweep: Sweep, kept: set) -> None:
             continue
         makers = [sweep.maker.get(r.value) for r in op.args]
         if any(m is None or m.kind != "matmul" or not m.attrs.get("bmm") or m.attrs.get("total")
-               or m.attrs.get("out_scale") or m.attrs.get("seeded") or len(m.args) != 2 or m in mapping
-               for m in makers):
+               or m.attrs.get("out_scale") or m.attrs.get("seeded") or m.attrs.get("unsqueeze")
+               or len(m.args) != 2 or m in mapping for m in makers):  # (unsqueeze: a read the op spells)
             continue
         if any(r.t or not all(isinstance(c, (int, float)) for c in r.scale) or r.value in kept
                or list(sweep.readers.get(r.value, ())) != [op] for r in op.args) \
