@@ -77,13 +77,19 @@ def test_a_mask_that_is_not_the_causal_constant_marks_nothing():
     assert _marks(fdsl.parse(text)) == []
 
 
+def _lower_and_rows(seed, lead, n):
+    """(a generator of ``seed``, a float64 stack of ``lead`` lower-triangular n x n matrices, one of
+    n x 5 matrices)."""
+    g = torch.Generator().manual_seed(seed)
+    return (g, torch.randn(*lead, n, n, generator=g, dtype=torch.float64).tril(),
+            torch.randn(*lead, n, 5, generator=g, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("kind", ["L", "U", "out"])
 @pytest.mark.parametrize("lead", [(3,), (2, 3)])
 @pytest.mark.parametrize("n", [200, 64])
 def test_the_blocked_product_is_the_whole_product_where_it_is_read(kind, lead, n):
-    g = torch.Generator().manual_seed(11)
-    tri = torch.randn(*lead, n, n, generator=g, dtype=torch.float64).tril()
-    B = torch.randn(*lead, n, 5, generator=g, dtype=torch.float64)
+    g, tri, B = _lower_and_rows(11, lead, n)
     if kind == "L":
         A, want_rows = tri, None
     elif kind == "U":
@@ -214,9 +220,7 @@ def test_stacks_read_by_two_matrices_are_made_and_copied():
 @pytest.mark.parametrize("lead", [(3,), (2, 3)])
 @pytest.mark.parametrize("n", [200, 64])
 def test_side_products_are_the_side_by_side_matrix_of_the_products(lead, n, monkeypatch):
-    g = torch.Generator().manual_seed(15)
-    tri = torch.randn(*lead, n, n, generator=g, dtype=torch.float64).tril()
-    B = torch.randn(*lead, n, 5, generator=g, dtype=torch.float64)
+    g, tri, B = _lower_and_rows(15, lead, n)
     A5 = torch.randn(*lead, n, 5, generator=g, dtype=torch.float64)
     B5 = torch.randn(*lead, 5, 5, generator=g, dtype=torch.float64)
     specs = ((tri, B, "L", 0.5), (tri.mT, B, "U", None), (A5, B5, None, 2.0), (tri, B, None, None))

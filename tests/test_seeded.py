@@ -39,6 +39,14 @@ def _module():
     return compile_namespace(gradients_source(p.normal_form(w), p.dims, "test", "torch", loss=loss_of(w)))
 
 
+def _model_and_batch(seed, batch):
+    """(the module's namespace, its float64 Model, ids X and Y of ``batch`` examples), drawn from ``seed``."""
+    ns = _module()
+    g = torch.Generator().manual_seed(seed)
+    model = ns["Model"](dtype=torch.float64, generator=g)
+    return (ns, model) + tuple(torch.randint(0, 7, (batch, 6), generator=g) for _ in range(2))
+
+
 def test_the_products_that_make_gradients_are_seeded():
     p = fdsl.parse(GPT)
     w = p["w"]
@@ -60,11 +68,7 @@ def test_without_a_loss_nothing_is_seeded():
 
 @pytest.mark.parametrize("scales", [(3.0, 3.0, 5.0), (1.0,), (-0.25, 2.0, 2.0, 2.0)])
 def test_each_backward_gives_its_scale_times_the_gradient(scales):
-    ns = _module()
-    g = torch.Generator().manual_seed(5)
-    model = ns["Model"](dtype=torch.float64, generator=g)
-    x = torch.randint(0, 7, (2, 6), generator=g)
-    y = torch.randint(0, 7, (2, 6), generator=g)
+    ns, model, x, y = _model_and_batch(5, 2)
     values = dict({name: p.detach().clone() for name, p in model.named_weights()}, X=x, Y=y)
     values = {k: (v.reshape(1, -1) if v.dim() == 1 else v) for k, v in values.items()}
     want = ns["grads"](values)  # G_W^t unscaled: dL/dW = -G
@@ -80,11 +84,7 @@ def test_each_backward_gives_its_scale_times_the_gradient(scales):
 
 
 def test_the_mean_of_a_training_loop_scales_nothing_after_its_first_step(monkeypatch):
-    ns = _module()
-    g = torch.Generator().manual_seed(6)
-    model = ns["Model"](dtype=torch.float64, generator=g)
-    x = torch.randint(0, 7, (3, 6), generator=g)
-    y = torch.randint(0, 7, (3, 6), generator=g)
+    ns, model, x, y = _model_and_batch(6, 3)
     calls = []
     real = torch._foreach_mul_
     monkeypatch.setattr(torch, "_foreach_mul_", lambda xs, c: (calls.append(len(xs)), real(xs, c)))

@@ -324,9 +324,7 @@ def _causal_softmax(A, B, M, scale=None, lp=None):
     two blocks) is the whole spelling: the masked product of _bmm_causal, the mask, the softmax."""
     n = A.shape[-2]
     if lp is not None or torch.compiler.is_compiling() or not isinstance(scale, (int, float, type(None))) \
-            or A.dim() not in (3, 4) or B.dim() != A.dim() or A.shape[:-2] != B.shape[:-2] \
-            or B.shape[-1] != n or tuple(M.shape) != (n, n) or A.dtype != B.dtype or M.dtype != A.dtype \
-            or n < 2 * _CAUSAL_BLOCK:
+            or not _causal_fits(A, B, "out") or B.shape[-1] != n or tuple(M.shape) != (n, n) or M.dtype != A.dtype:
         return _softmax(_add_into(_bmm_causal(A if scale is None else scale * A, B, "out", lp), M))
     out = A.new_empty(A.shape[:-1] + (n,))
     if A.dim() == 3:
