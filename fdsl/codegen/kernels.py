@@ -259,7 +259,7 @@ def seeded_products(sweep: Sweep, results: dict) -> set:
         if how != "full" and isinstance(ref.var, Value) and not ref.scalar:
             names.setdefault(ref.var, []).append(name)
     seeded: set = set()
-    for v, these in names.items():
+    for v in names:
         op = sweep.maker.get(v)
         if op is None or op.attrs.get("seeded"):
             continue
