@@ -172,6 +172,27 @@ def test_a_name_torch_nn_module_uses_itself_gets_an_underscore():
     assert sorted(model.gradients()) == ["state", "to", "to_", "training"]
 
 
+def test_torch_compile_traces_the_sweep_once():
+    """The module's constants (here C = ones) are made inside a traced graph, not stored by its first
+    call: stored, they would change what the graph was traced against, and the second step would
+    trace the whole sweep again (a second graph, held with the first). (A scalar weight is read as a
+    number, and a traced graph is specialised on it: not tested here.)"""
+    ns = _module(SCALAR.replace(", g : scalar", "").replace("g X W", "X W"))
+    model = ns["Model"](generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    X, Y = (torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(k), dtype=torch.float64) for k in (1, 2))
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            opt.zero_grad()
+            compiled(X=X, Y=Y).backward()
+            opt.step()
+    assert ns["_CONSTANTS"] == {}  # (made in the graph each step)
+    model(X=X, Y=Y)
+    assert list(ns["_CONSTANTS"]) == [(torch.float64, torch.device("cpu"))]  # eager: made once
+
+
 def test_torch_compile_trains_the_model():
     ns = _module(SCALAR)
     model = ns["Model"](generator=torch.Generator().manual_seed(0))

@@ -50,7 +50,8 @@ one ``bmm`` and the heads of an attention as one stacked chain (``heads``); on t
 reads the stacks without unstacking them, ``kernels`` calls torch's fused kernels (addmm, the
 affine layer norm and its backward, the log-softmax backward, a tied embedding's scatter into its
 product) and ``causal`` marks the products a causal mask makes triangular; last, ``schedule``
-computes every weight's gradient as soon as what it reads is known, and (torch) a gradient handed
+computes every weight's gradient as soon as what it reads is known, ``remade`` (torch) lets a traced
+graph make an elementwise value again where the backward reads it rather than keep it, and a gradient handed
 out transposed is made in its weight's layout (``kernels.returned_as_stored``) and the products
 that make gradients take the seed as their alpha (``kernels.seeded_products``).
 
@@ -104,6 +105,7 @@ from .kernels import (
 )
 from .onehot import OneHot, summed_scatter
 from .products import Products, _Ref, canon
+from .remade import remade_in_backward
 from .schedule import early_results
 from .targets import DTYPES, TARGETS
 from .writer import ModuleWriter, Writer
@@ -464,6 +466,8 @@ class Lowering(Products, OneHot, ModuleWriter):
                 lambda s: products_side_by_side(s, kept),  # stacks made into their side-by-side matrix
             ]
         steps.append(lambda s: early_results(s, returned | loss))  # each gradient when its adjoint is known
+        if folds:  # (after early_results: where the backward first reads a value is where it ends up)
+            steps.append(lambda s: remade_in_backward(s, loss, returned))  # a traced graph keeps less to the backward
         for step in steps:
             step(self.sweep)
             if check_passes or os.environ.get("FDSL_CHECK_IR") == "1":

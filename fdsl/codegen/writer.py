@@ -222,6 +222,9 @@ class Writer:
             code = self.read(a[0], bare=True)
         elif kind == "template":
             code = self.template(op, [self.read(r) for r in a])
+        elif kind == "remade":  # (torch: a traced graph makes it again; eagerly, the value kept)
+            code = "%s if torch.compiler.is_compiling() else %s" % (self.template(op, [self.read(r) for r in a[1:]]),
+                                                                   self.read(a[0]))
         elif kind == "scalar_template":
             arrays = [tgt.constant("full", "(1, 1), %s" % self.scalar(s)) if not isinstance(s, Read) else self.read(s)
                       for s in a]
@@ -548,15 +551,29 @@ class ModuleWriter:
             out.append("EXAMPLE_SIZE = %d  # entries of the largest array of one example" % self.example_size())
         if self.module_consts:
             dev = ", _dev" if target.device else ""
+            key = "(_dt, _dev)" if dev else "_dt"
             out += ["_CONSTANTS: dict = {}", "", "",
                     "def _constants(_dt%s):" % dev,
-                    '    """The constant arrays, built once per dtype%s."""' % (" and device" if dev else ""),
-                    "    got = _CONSTANTS.get(%s)" % ("(_dt, _dev)" if dev else "_dt"),
-                    "    if got is None:"]
+                    '    """The constant arrays, built once per dtype%s."""'
+                    % (" and device (in a traced graph, made in it each call:\n    stored, they would change the "
+                       "state it was traced against, and it would recompile)" if dev else "")]
+            if dev:
+                # torch.compile traces against the module's state: a first call that stored the
+                # constants would change it, and the next call recompile (a second graph of the
+                # whole sweep, held with the first). Traced, they are made in the graph, which
+                # folds them
+                out += ["    traced = torch.compiler.is_compiling()",
+                        "    got = None if traced else _CONSTANTS.get(%s)" % key]
+            else:
+                out.append("    got = _CONSTANTS.get(%s)" % key)
+            out.append("    if got is None:")
             out += ["        " + line for op in self.module_consts for line in w.lines(op)]
             targets = [op.out.name for op in self.module_consts]
-            out.append("        got = _CONSTANTS[%s] = (%s)" % ("(_dt, _dev)" if dev else "_dt",
-                                                         ", ".join(targets) + ("," if len(targets) == 1 else "")))
+            made = ", ".join(targets) + ("," if len(targets) == 1 else "")
+            if dev:
+                out += ["        got = (%s)" % made, "        if not traced:", "            _CONSTANTS[%s] = got" % key]
+            else:
+                out.append("        got = _CONSTANTS[%s] = (%s)" % (key, made))
             out.append("    return got")
         out.append("")
         out.append("")
