@@ -459,8 +459,17 @@ def ratio_rounds(steps: dict, x, y, rounds, inner, device):
 
 
 def memory_of(args) -> int:
-    """The child of a memory measurement: one side's model, optimiser and 3 steps in this fresh
-    process; prints ``peak_mb rise_mb``."""
+    """The child of a memory measurement: one side's model and optimiser in this fresh process, 3
+    steps to warm up (torch.compile's tracing and compiling, the optimiser's state), then 3 steps
+    measured; prints ``peak_mb rise_mb``: the peak of the measured steps, and its rise over what
+    was resident before them (the model, the optimiser's state, a compiled graph's code).
+
+    Not the first steps: compiling is a one-time cost whose transient memory moves by 30-50 MiB
+    from run to run of the same process (where the compiler's threads leave the allocator's
+    arenas), the size of the difference measured; a step of a training loop runs compiled.
+    Between the warm-up and the measured steps the C allocator hands back what is free
+    (``malloc_trim``, glibc; both sides alike), so the peak is the steps' own, not the warm-up's
+    left in the heap."""
     import gc
 
     module = import_module(Path(args.module))
@@ -472,6 +481,13 @@ def memory_of(args) -> int:
     c = nanogpt_config(module)
     x, y = id_batch(c.vocab, c.context, args.batch, args.device, 2)
     step = step_fn(m_run, opt)
+    for _ in range(3):
+        step(x, y)
+    gc.collect()
+    if args.device == "cpu" and platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
     if args.device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -513,18 +529,25 @@ def nanogpt_config(module):
     return _ref().config_of(module.SHAPES)
 
 
-def measure_memory(size, path, batch, compiled, device, side, adamw=()):
-    """(peak MiB, rise MiB) of ``side`` in a fresh process (``adamw``: the optimiser's flags)."""
+def measure_memory(size, path, batch, compiled, device, side, adamw=(), runs=3):
+    """(peak MiB, rise MiB) of ``side``, each the median of ``runs`` fresh processes (``adamw``: the
+    optimiser's flags). On the CPU one process's peak moves by 10-30 MiB from run to run at
+    shakespeare_char's size (where the C allocator's heap happens to lay the arrays out): one run
+    would be noise at the scale of the ratio."""
     import subprocess
 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--size", size, "--memory-of", side, "--module", str(path),
            "--batch", str(batch), "--device", device] + (["--compile"] if compiled else []) + list(adamw)
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
-    if r.returncode != 0:
-        raise SystemExit("the memory measurement failed:\n" + r.stderr[-3000:])
-    peak, rise = r.stdout.split()[-2:]
-    return float(peak), float(rise)
+    peaks, rises = [], []
+    for _ in range(runs):
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+        if r.returncode != 0:
+            raise SystemExit("the memory measurement failed:\n" + r.stderr[-3000:])
+        peak, rise = r.stdout.split()[-2:]
+        peaks.append(float(peak))
+        rises.append(float(rise))
+    return float(np.median(peaks)), float(np.median(rises))
 
 
 def large(args) -> int:
@@ -577,11 +600,11 @@ def large(args) -> int:
     say()
     say("One float32 training step (zero_grad, forward, backward, AdamW%s), %d interleaved rounds of %d step%s: "
         "milliseconds a step (median round, %s), fdsl / autograd as the median of the per-round ratios (least - "
-        "greatest); peak memory of a step, each side in a fresh process (%s), MiB: the peak, and in brackets "
-        "its rise over what was resident before the first step."
+        "greatest); peak memory of a step, each side in fresh processes (%s, the median of %d), MiB: the peak, and "
+        "in brackets its rise over what was resident before the first step."
         % (" fused" if args.fused else " foreach" if args.foreach else "", args.rounds, args.inner,
            "" if args.inner == 1 else "s", "wall time" if device == "cuda" else "the thread's CPU time",
-           "torch.cuda.max_memory_allocated" if device == "cuda" else "VmHWM"))
+           "torch.cuda.max_memory_allocated" if device == "cuda" else "VmHWM", args.memory_runs))
     say()
     say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd, median (least - greatest) | "
         "peak MiB fdsl / autograd (rise) |")
@@ -597,8 +620,8 @@ def large(args) -> int:
             del ours, ref, o_ours, o_ref, a, b
             ratios = [p / q for p, q in zip(t["fdsl"], t["autograd"])]
             flags = ["--fused"] if args.fused else ["--foreach"] if args.foreach else []
-            (pf, rf), (pa, ra) = (measure_memory(args.size, path, batch, compiled, device, side, flags)
-                                  for side in ("fdsl", "autograd"))
+            (pf, rf), (pa, ra) = (measure_memory(args.size, path, batch, compiled, device, side, flags,
+                                                 args.memory_runs) for side in ("fdsl", "autograd"))
             say("| %d | %s | %.1f | %.1f | **%.2f** (%.2f - %.2f) | %.0f / %.0f (%.0f / %.0f) |" % (
                 batch, "torch.compile" if compiled else "eager", np.median(t["fdsl"]) * 1e3,
                 np.median(t["autograd"]) * 1e3, np.median(ratios), min(ratios), max(ratios), pf, pa, rf, ra))
@@ -633,6 +656,8 @@ def main(argv=None) -> int:
                     "CPU is one parameter at a time)")
     ap.add_argument("--fused", action="store_true", help="Adam(fused=True) on both sides (one kernel for every "
                     "parameter)")
+    ap.add_argument("--memory-runs", type=int, default=3, help="shakespeare_char, gpt2: fresh processes per "
+                    "side whose median peak is reported (default 3)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md as it is")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
