@@ -600,8 +600,8 @@ def large(args) -> int:
     say()
     say("One float32 training step (zero_grad, forward, backward, AdamW%s), %d interleaved rounds of %d step%s: "
         "milliseconds a step (median round, %s), fdsl / autograd as the median of the per-round ratios (least - "
-        "greatest); peak memory of a step, each side in fresh processes (%s, the median of %d), MiB: the peak, and "
-        "in brackets its rise over what was resident before the first step."
+        "greatest); peak memory of a step, each side in fresh processes (%s over 3 steps after 3 of warm-up, the "
+        "median of %d processes), MiB: the peak, and in brackets its rise over what was resident before those steps."
         % (" fused" if args.fused else " foreach" if args.foreach else "", args.rounds, args.inner,
            "" if args.inner == 1 else "s", "wall time" if device == "cuda" else "the thread's CPU time",
            "torch.cuda.max_memory_allocated" if device == "cuda" else "VmHWM", args.memory_runs))
