@@ -96,7 +96,7 @@ def test_generated_programs_are_what_a_user_writes():
 
 def test_a_broken_onehot_rule_is_caught_against_the_one_hot_matrices(broken):
     broken("ids")
-    summary = fuzz.run(40, seed=3, batch=40, shrink=0)
+    summary = fuzz.run(40, seed=1, batch=40, shrink=0)  # (10 of the seeds 1-11 catch it)
     assert summary.failures
     error = str(summary.failures[0].error)
     assert "onehot" in summary.failures[0].case.source
@@ -109,7 +109,7 @@ def test_the_fuzzer_generates_every_use_of_ids():
 
     uses = {"onehot": " onehot", "lookup": r"Y\w+ [(\w]", "scatter": r"Y\w+\^t [(\w]", "right": r" Y\w+\^t",
             "add": r"[+-] Y\w+", "trace": r"trace\(Y\w+\^t", "rowsum": r"rowsum\(Y",
-            "cross-entropy": r"L = -trace\(Y\w+\^t logsoftmax\(F\)\)"}
+            "cross-entropy": r"L = -trace\(Y\w+\^t logsoftmax\(F\)\)", "hadamard": r"\* Y\w+\)|\(Y\w+ \*"}
     seen = set()
 
     @hypothesis.seed(7)

@@ -1,9 +1,9 @@
 """Constants declared ``n x v onehot`` and given as ids (``fdsl.codegen.onehot``): the gradients and
 the loss from ids equal those from the one-hot matrices (numpy and torch, one example and a batch,
-float64 to 1e-12); each lowering rule leaves its op in the IR, so that switching it off fails here
-(the lowering refuses any other op on ids); the located messages for ids out of range, non-integer
-ids and a matrix where ids are declared; and no (n, v) one-hot tensor among the aten calls of a
-torch sweep."""
+float64 to 1e-12); each lowering rule leaves its op in the IR, so that switching it off fails here;
+a use that only the one-hot matrix computes makes it from the ids (``onehot``), read by that use
+alone; the located messages for ids out of range, non-integer ids and a matrix where ids are
+declared; and no (n, v) one-hot tensor among the aten calls of a torch sweep."""
 
 from __future__ import annotations
 
@@ -184,15 +184,43 @@ def test_the_generated_module_says_which_ids_are_wrong(tmp_path, target):
         grads({**ids, **weights, "X": ids["X"].astype(np.float64)})
 
 
-def test_a_use_that_only_the_matrix_could_compute_is_refused_at_generation():
-    p = fdsl.parse("""dim n = 4, v = 9
+MATRIX_USES = {  # uses of a onehot constant that none of the kinds of ids computes
+    "an operator of it": """dim n = 4, v = 9
 const X : n x v onehot
 weight A : n x v
 L = trace(A^t gelu(X))
 w = -d(L)
-""")
-    with pytest.raises(FdslError, match="X is declared onehot, and the generated code computes with its ids"):
-        lowering(p)
+""",
+    # the derivative of trace(Y^t exp(U)) is Y o exp(U): a Hadamard product with it
+    "a Hadamard product with it": """dim n = 4, v = 9
+const Y : n x v onehot
+weight U : n x v
+L = trace(Y^t exp(U))
+w = -d(L)
+""",
+    "both, beside a lookup": """dim n = 4, v = 9, d = 3
+const X : n x v onehot, Y : n x v onehot
+weight E : v x d, W : d x v
+Z := X E W
+L = trace(Y^t (Z * Z)) + trace(X^t tanh(Z))
+w = -d(L)
+""",
+}
+
+
+@pytest.mark.parametrize("use", sorted(MATRIX_USES))
+def test_a_use_that_only_the_matrix_computes_makes_it_from_the_ids(use):
+    """One ``onehot`` op a constant, read by the ops of that use alone; the gradients agree with the
+    program on the one-hot matrices, torch autograd and finite differences (numpy, torch, a batch)."""
+    source = MATRIX_USES[use]
+    for target in ("numpy", "torch"):
+        low = lowering(fdsl.parse(source), target)
+        made = [op for op in low.sweep if op.kind == "onehot"]
+        assert made and len({op.args[0].value for op in made}) == len(made)
+        for op in low.sweep:
+            if op.kind not in ("lookup", "scatter", "pick_sum", "add_ids", "aa_ids", "scatter_into", "onehot"):
+                assert not any(v.ids for v in op.values_read()), op
+    _agree(source)
 
 
 def test_onehot_is_for_plain_constants():
@@ -413,6 +441,25 @@ def check_ids_on_the_right():  # A X^t = (X A^t)^t
     test_a_product_with_ids_on_the_right_is_the_transpose_of_a_lookup()
 
 
+def check_onehot_matrix():  # Y o exp(U): the one-hot matrix made from the ids for it
+    source = MATRIX_USES["a Hadamard product with it"]
+    assert [op.kind for op in lowering(fdsl.parse(source)).sweep].count("onehot") == 1
+    _agree(source)
+
+
+def _refusing():
+    """check_ids as it was before the one-hot matrix: a refusal."""
+    from fdsl.codegen.onehot import OneHot
+
+    def refuse(self):
+        for op in self.sweep:
+            if op.kind not in ("lookup", "scatter", "pick_sum", "add_ids", "aa_ids", "scatter_into") \
+                    and any(getattr(v, "ids", False) for v in op.values_read()):
+                raise FdslError("refused")
+
+    return OneHot, "check_ids", refuse
+
+
 def torch_available():
     try:
         import torch  # noqa: F401
@@ -450,6 +497,7 @@ RULES = {  # rule -> (its check, (object, attribute, replacement): the rule swit
     "ones_column": (check_ones_column, lambda: _decline("_ones_column")),
     "chain_order": (check_chain_order, lambda: _decline("_onehot_split")),
     "ids_on_the_right": (check_ids_on_the_right, lambda: _decline("_onehot_side", lambda lw, rw: True)),
+    "onehot_matrix": (check_onehot_matrix, _refusing),
 }
 
 
@@ -502,3 +550,14 @@ def test_a_scaled_one_hot_matrix_in_a_gradient_is_added_at_the_ids_and_nothing_e
         assert adds and all(low.sweep.readers.get(op.outs[0]) or op.outs[0] in
                             {low.refs[canon(t)[0]].var for t in low.outputs.values()} for op in adds)
     _agree(program)
+
+
+def test_the_oracles_program_strikes_every_onehot_of_a_declaration():
+    """The differential check's program on the one-hot matrices (``without_onehot``) strikes each
+    onehot of a line, not the first alone, and leaves comments as they are."""
+    from fdsl.verify.differential import without_onehot
+
+    got = without_onehot("dim n = 4, v = 9\nconst X : n x v onehot, Y : n x v onehot  # onehot ids\n"
+                         "  const Z : n x v onehot\nweight onehot_W : n x v\n")
+    assert got == ("dim n = 4, v = 9\nconst X : n x v, Y : n x v  # onehot ids\n  const Z : n x v\n"
+                   "weight onehot_W : n x v\n")

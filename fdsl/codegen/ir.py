@@ -12,8 +12,8 @@ scalar    an operand that is a number: a float literal, a scalar ``Value`` (a sc
           size as a float). A scale is a tuple of them, multiplied: however the program spelled
           it (``0.125``, ``k^(-1/2)``, ``s`` from the data, ``tau[i] s``), it is an operand.
 ids       a value that holds the ids of a onehot constant (``Value.ids``): its shape is the one-hot
-          matrix's, (n, v), its array one integer a row; only ``lookup``, ``scatter``, ``pick_sum``
-          and ``add_ids`` read it (``fdsl.codegen.onehot``).
+          matrix's, (n, v), its array one integer a row; only ``lookup``, ``scatter``, ``pick_sum``,
+          ``add_ids``, ``aa_ids``, ``scatter_into`` and ``onehot`` read it (``fdsl.codegen.onehot``).
 read      ``Read(value, t, scale)``: how an op reads a value: as stored or transposed (``t``), and
           multiplied by a scale (a tuple of scalars; empty: not scaled).
 op        ``Op(kind, outs, args, attrs)``: one step of the sweep. ``kind`` is from the closed table
@@ -120,7 +120,7 @@ KINDS = {
     "grouped": Kind("products sharing an operand as one (attrs side cols|rows, total)", multi=True),
     "sum_of_products": Kind("sum_i A_i B_i as one product (attrs n: the A_i are args[:n])"),
     "cat_matmul": Kind("A @ [B_1; ...; B_k] (the B_i concatenated along the rows)"),
-    # onehot constants given as ids (fdsl.codegen.onehot): no one-hot matrix is made
+    # onehot constants given as ids (fdsl.codegen.onehot): no one-hot matrix is made but by "onehot"
     "lookup": Kind("onehot(ids) @ A as the rows of A at the ids (an embedding lookup)"),
     "scatter": Kind("onehot(ids)^t @ G as G's rows added at the ids into zeros (attrs vocab; total)"),
     "pick_sum": Kind("trace(onehot(ids)^t A) as the sum of A's entries at the ids"),
@@ -129,6 +129,8 @@ KINDS = {
     "aa_ids": Kind("aa(A, onehot(ids)) from S = a(A): S o (onehot(ids) - p 1^t), p the entries of S at the ids"),
     "add_ids": Kind("P + sign s onehot(ids), written into P, which dies there (attrs sign; the scalars s are "
                     "the operands after the ids)", inplace=0),
+    "onehot": Kind("the one-hot matrix of ids, (n, vocab) or (batch, n, vocab), for a use no kind above computes "
+                   "(attrs vocab)"),
     "split_total": Kind("the products of a side-by-side matrix summed over the batch, split (attrs n, axis)",
                         multi=True),
     # sums and scaling

@@ -235,6 +235,14 @@ def _lookup(ids, A):
     return A[np.arange(A.shape[0])[:, None], ids]
 
 
+def _onehot(ids, vocab, dtype):
+    """The one-hot matrix of the ids, (n, vocab) or (batch, n, vocab) in ``dtype``: for a use of a
+    onehot constant that none of the helpers of ids computes (fdsl.codegen.onehot)."""
+    out = np.zeros(ids.shape + (vocab,), dtype=dtype)
+    np.put_along_axis(out, ids[..., None], 1, -1)
+    return out
+
+
 def _add_rows(ids, G, size):
     """The rows of G (m, cols) added at the rows ``ids`` (m,) of a (size, cols) array of zeros: the
     ids sorted, each run of equal ids summed by one reduceat (np.add.at, its plain spelling, took

@@ -6,9 +6,11 @@ onehot    a const declared ``n x v onehot`` (``Symbol.onehot``): each row is one
           is given as ids, one integer in [0, v) per row, shape (n,) or (batch, n). The terms and
           the normal form are those of the one-hot matrix; only how they are computed changes.
 ids       the value that holds them in the sweep (``Value.ids``; the op ``ids_input`` reads and
-          checks them). No op makes the (n, v) one-hot matrix: every op that reads ids is one of
-          the kinds below, and the lowering refuses a program that would need another
-          (``check_ids``).
+          checks them). The kinds below read ids and make no (n, v) one-hot matrix; they compute
+          every use of a onehot constant a GPT makes (its embedding, the embedding's gradient, the
+          cross-entropy and its adjoint).
+onehot    the one-hot matrix made from the ids, for any other use (``check_ids``: a Hadamard
+          product with it, ``Y o exp(U)``, an operator of it), read by the ops of that use alone.
 lookup    ``X A`` as ``A[ids]``: the rows of A that the ids pick (an embedding lookup).
 scatter   ``X^t G`` as the rows of G added into the rows ids of a (v, cols) array of zeros (the
           embedding's gradient, index_add); ``total``: summed over the batch too, one scatter of
@@ -38,7 +40,7 @@ from .ir import Op, Read, Sweep, Value
 from .products import _Ref, canon
 
 # the kinds that read ids (the only ones that may)
-IDS_KINDS = ("lookup", "scatter", "pick_sum", "add_ids", "aa_ids", "scatter_into")
+IDS_KINDS = ("lookup", "scatter", "pick_sum", "add_ids", "aa_ids", "scatter_into", "onehot")
 
 
 def is_onehot(t: Term) -> bool:
@@ -219,16 +221,38 @@ class OneHot:
         return _Ref(acc.var, flip)
 
     def check_ids(self) -> None:
-        """An FdslError where an op other than the kinds that read ids reads them: the program uses
-        a onehot constant in a way that only its one-hot matrix could compute."""
+        """Where an op other than the kinds that read ids reads them (a use of a onehot constant that
+        only its one-hot matrix computes: ``trace(Y^t exp(U))``, whose derivative is ``Y o exp(U)``),
+        the one-hot matrix made from the ids (``onehot``) just before the first such op, and those
+        ops reading it: the program computes, at the cost of that (n, v) array, where every other
+        use of the constant makes none."""
+        first: dict = {}  # ids value -> the first op that needs its one-hot matrix
         for op in self.sweep:
             if op.kind in IDS_KINDS:
                 continue
             for v in op.values_read():
                 if getattr(v, "ids", False):
-                    raise FdslError("%s is declared onehot, and the generated code computes with its ids, not its "
-                                    "one-hot matrix; it cannot compute this use of it (%s of it): declare %s without "
-                                    "onehot and give its one-hot rows" % (v.hint, op.kind, v.hint))
+                    first.setdefault(v, op)
+        if not first:
+            return
+        dense = {}
+        for v in first:
+            dense[v] = Value(v.shape, batched=True, hint=v, prefix="onehot_")
+            self.values.append(dense[v])
+        mapping = {}
+        for op in self.sweep:
+            if op.kind not in IDS_KINDS and any(v in dense for v in op.values_read()):
+                mapping[op] = [Op(op.kind, op.outs, [_dense_read(a, dense) for a in op.args], **op.attrs)]
+        for v, op in first.items():  # (each first op reads ids: it is among those rewritten)
+            mapping[op].insert(0, Op("onehot", [dense[v]], [Read(v)], vocab=self.size(v.shape[1])))
+        self.sweep.rewrite(mapping)
+
+
+def _dense_read(a, dense: dict):
+    """An operand with a read of ids read of their one-hot matrix (transpose and scale kept)."""
+    if isinstance(a, Read) and a.value in dense:
+        return Read(dense[a.value], a.t, a.scale)
+    return a
 
 
 def summed_scatter(sweep: Sweep, v: Value) -> bool:

@@ -849,6 +849,12 @@ def _lookup(ids, A):
     return A[torch.arange(A.shape[0], device=A.device)[:, None], ids]
 
 
+def _onehot(ids, vocab, dtype):
+    """The one-hot matrix of the ids, (n, vocab) or (batch, n, vocab) in ``dtype``: for a use of a
+    onehot constant that none of the helpers of ids computes (fdsl.codegen.onehot)."""
+    return torch.nn.functional.one_hot(ids, vocab).to(dtype)
+
+
 def _scatter(ids, G, vocab):
     """onehot(ids)^t @ G: the rows of G added at the ids into zeros (vocab, cols), per example for
     a batch."""

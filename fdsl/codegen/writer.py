@@ -206,6 +206,8 @@ class Writer:
             code = "_scatter_into(%s, %s, %s, %d, %s, %s)" % (
                 self.read(a[0]), self.read(a[1]), self.read(a[2]), op.attrs["vocab"],
                 "_nb" if op.attrs.get("total") else "None", bool(op.attrs.get("t")))
+        elif kind == "onehot":  # (in the working dtype: it is multiplied with the floats)
+            code = "_onehot(%s, %d, _dt)" % (self.read(a[0]), op.attrs["vocab"])
         elif kind == "add_ids":
             # the sign, times the scalar operands after the ids (fdsl.codegen.onehot)
             sign = " * ".join([repr(op.attrs["sign"])] + [self.scalar(s) for s in a[2:]])

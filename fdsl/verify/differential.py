@@ -152,13 +152,13 @@ def dense(values: dict, leaves: dict, dims: dict) -> dict:
 
 
 #: ``onehot`` after a declared shape (``const Y : n x v onehot``), for ``dense[F]``
-_ONEHOT = re.compile(r"^(\s*const\b[^\n#]*?)\s+onehot\b", re.M)
+_CONST = re.compile(r"^\s*const\b[^\n#]*", re.M)  # a const declaration, up to a comment
 
 
 def without_onehot(source: str) -> str:
-    """The program ``source`` with ``onehot`` struck out of its declarations: its constants take
-    their one-hot matrices."""
-    return _ONEHOT.sub(r"\1", source)
+    """The program ``source`` with ``onehot`` struck out of its declarations (every one of a line:
+    ``const X : n x v onehot, Y : n x v onehot``): its constants take their one-hot matrices."""
+    return _CONST.sub(lambda m: re.sub(r"\s+onehot\b", "", m.group(0)), source)
 
 
 def normal_forms(program, w, forms=None) -> tuple:

@@ -19,11 +19,12 @@ kind        how an expression of a wanted shape is made: a leaf (weight, family 
             shared), every function-style operator of the operator table, and the uses of a
             onehot constant (below).
 onehot      a constant ``Yrv : r x v onehot`` (v one of the dims: its vocabulary), given as ids, used
-            only as the lowering computes it without its one-hot matrix (``fdsl.codegen.onehot``):
+            as the lowering computes it without its one-hot matrix (``fdsl.codegen.onehot``):
             ``Yrv A`` (an embedding lookup; the gradient of a weight in A is a scatter),
             ``A Yrv^t``, ``Yvr^t A`` (a scatter), ``A + Yrv`` and ``A - Yrv`` (1 added at the ids),
             ``trace(Yrv^t A) B`` (a gather), ``rowsum(Yrv)`` (a column of ones), and the loss
-            ``L = -trace(Yrv^t logsoftmax(F))``, a cross-entropy over ids, in place of ``E``'s.
+            ``L = -trace(Yrv^t logsoftmax(F))``, a cross-entropy over ids, in place of ``E``'s; and
+            ``Yrv * A``, which only the one-hot matrix computes (made from the ids for it).
             ``fdsl.verify.differential`` checks them on ids against the same program with their
             one-hot matrices. ``bench/fuzz.py --no-ids`` turns them off (``IDS``).
 operators   read from ``fdsl.core.ops.OPS`` (after loading ``RULE_FILES``, whose operators programs use
@@ -268,7 +269,7 @@ def _kinds(ctx: _Context, shape, depth) -> list:
         if shape[0] in DIMS:
             kinds.append("ids-scatter")
         if shape[1] in DIMS:
-            kinds.append("ids-add")
+            kinds += ["ids-add", "ids-had"]
         if shape[1] == 1:
             kinds.append("ids-rowsum")
     return kinds
@@ -297,6 +298,9 @@ def _ids_expression(ctx: _Context, kind: str, shape, sub) -> str:
         y = _onehot(ctx, r, c)
         return ctx.draw(st.sampled_from(["%s + %s", "%s - %s", "%s + %s"])) % (
             (sub(shape), y) if ctx.draw(st.booleans()) else (y, sub(shape)))
+    if kind == "ids-had":  # X * A: a use only the one-hot matrix computes (made from the ids for it)
+        y = _onehot(ctx, r, c)
+        return "(%s * %s)" % ((sub(shape), y) if ctx.draw(st.booleans()) else (y, sub(shape)))
     if kind == "ids-rowsum":  # a column of ones, whatever the ids
         return "rowsum(%s)" % _onehot(ctx, r, ctx.draw(st.sampled_from(DIMS)))
     # ids-trace: trace(X^t A) B, the sum of A's entries at the ids (the cross-entropy's gather)
