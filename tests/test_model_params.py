@@ -172,11 +172,31 @@ def test_a_name_torch_nn_module_uses_itself_gets_an_underscore():
     assert sorted(model.gradients()) == ["state", "to", "to_", "training"]
 
 
+# programs whose sweep makes or reads numbers: a learned scalar (a temperature), a trace of one
+# example's matrices, a scalar operator's value, a power of a scalar weight
+NUMBERS = {
+    "a learned scalar": SCALAR,
+    "a trace of one example": """
+dim n = 4, d = 3
+const X : n x d, Y : n x d
+weight W : d x d, V : d x d
+E := Y - trace(X^t X W) X V
+w = form(E)
+""",
+    "a scalar operator and a power": """
+dim n = 4, d = 3
+const X : n x d, Y : n x d
+weight W : d x d, t : scalar
+E := Y - exp(t^2 trace(W)) X W
+w = form(E)
+""",
+}
+
+
 def test_torch_compile_traces_the_sweep_once():
     """The module's constants (here C = ones) are made inside a traced graph, not stored by its first
     call: stored, they would change what the graph was traced against, and the second step would
-    trace the whole sweep again (a second graph, held with the first). (A scalar weight is read as a
-    number, and a traced graph is specialised on it: not tested here.)"""
+    trace the whole sweep again (a second graph, held with the first)."""
     ns = _module(SCALAR.replace(", g : scalar", "").replace("g X W", "X W"))
     model = ns["Model"](generator=torch.Generator().manual_seed(0))
     compiled = torch.compile(model, backend="aot_eager")
@@ -191,6 +211,36 @@ def test_torch_compile_traces_the_sweep_once():
     assert ns["_CONSTANTS"] == {}  # (made in the graph each step)
     model(X=X, Y=Y)
     assert list(ns["_CONSTANTS"]) == [(torch.float64, torch.device("cpu"))]  # eager: made once
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+@pytest.mark.parametrize("program", sorted(NUMBERS))
+def test_torch_compile_keeps_the_sweeps_numbers_in_the_graph(program, batch):
+    """A number the sweep reads or makes (a scalar weight, a trace of one example, a scalar
+    operator's value) stays a 0-d tensor in a traced graph: read out as a Python number, it broke
+    the graph and dynamo specialised the rest on its value, a recompile at every step that changed
+    it. Three SGD steps compiled trace once and train as the eager Model does (float64, 1e-12)."""
+    ns = _module(NUMBERS[program])
+    model = ns["Model"](generator=torch.Generator().manual_seed(0))
+    eager = ns["Model"]({name: p.detach().clone() for name, p in model.named_weights()})
+    compiled = torch.compile(model, backend="aot_eager")
+    lead = () if batch is None else (batch,)
+    X, Y = (0.3 * torch.randn(*lead, 4, 3, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+            for k in (1, 2))
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-2) for m in (model, eager)]
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            losses = []
+            for m, opt in zip((compiled, eager), opts):
+                opt.zero_grad()
+                loss = m(X=X, Y=Y)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+            assert abs(losses[0] - losses[1]) <= 1e-12 * abs(losses[1]), losses
+    for (name, a), b in zip(model.named_parameters(), eager.parameters()):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14), name
 
 
 def test_torch_compile_trains_the_model():

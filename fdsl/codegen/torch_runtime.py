@@ -11,6 +11,9 @@ any device and dtype, with an optional leading batch axis (``...`` below):
 - ``_trace(A)``: the trace of a matrix as a number, or of each matrix of a batch as a
   ``(batch, 1, 1)`` tensor (so that it scales its own example); ``_trace_product(A, B)`` that of
   ``A @ B``, without the product.
+- Numbers (``_number``, ``_scalar``): a scalar the sweep makes (a trace, a scalar operator's value)
+  or reads (a learned scalar weight) is a Python number run eagerly, and a 0-d tensor in a graph
+  ``torch.compile`` traces, which is then not specialised on its value.
 
 Precision (``_dtype``, ``_low_precision``): the generated function computes on the device of
 its inputs, in the *working dtype*: the module's ``--dtype`` when it was generated with one, else
@@ -65,37 +68,45 @@ def _aa_given(S, B):
 def _trace(A):
     """The trace: a number for one matrix, a (batch, 1, 1) tensor for a batch of them."""
     t = torch.diagonal(A, dim1=-2, dim2=-1).sum(-1)
-    return float(t.detach()) if A.dim() == 2 else t[..., None, None]
+    return _number(t) if A.dim() == 2 else t[..., None, None]
 
 
 def _trace_product(A, B):
     """trace(A @ B) without the product, as the sum of A^t o B (as _trace: a number, or a
     (batch, 1, 1) tensor)."""
     t = (A.mT * B).sum(dim=(-2, -1))
-    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+    return _number(t) if t.dim() == 0 else t[..., None, None]
 
 
 def _inner(A, B):
     """trace(A^t @ B), the sum of A o B (as _trace: a number, or a (batch, 1, 1) tensor)."""
     t = (A * B).sum(dim=(-2, -1))
-    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+    return _number(t) if t.dim() == 0 else t[..., None, None]
 
 
 def _trace_product_heads(A, B):
     """The sum over the heads of two stacks (..., h, n, m) of trace(A_h @ B_h) (as _trace_product:
     a number, or a (batch, 1, 1) tensor)."""
     t = (A.mT * B).sum(dim=(-3, -2, -1))
-    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+    return _number(t) if t.dim() == 0 else t[..., None, None]
 
 
 def _inner_heads(A, B):
     """The sum over the heads of two stacks of trace(A_h^t @ B_h), the sum of A o B."""
     t = (A * B).sum(dim=(-3, -2, -1))
-    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+    return _number(t) if t.dim() == 0 else t[..., None, None]
 
 
 def _as_float(x):
-    return float(torch.as_tensor(x).reshape(()))
+    return _number(torch.as_tensor(x).reshape(()))
+
+
+def _number(t):
+    """A 0-d tensor made in the sweep (a trace, a scalar operator's value) as a Python number, which
+    torch's operations take in the working dtype; in a traced graph the tensor itself: a number
+    read out of it would break the graph there, and dynamo would specialise the rest on its value
+    (a recompile at every step that changes it)."""
+    return t if torch.compiler.is_compiling() else float(t.detach())
 
 
 def _scalar_matrix(x, dtype, device):
@@ -194,6 +205,8 @@ def _scalar(values, name):
     """A declared scalar or a scalar weight as a Python number with the value given (a number is not
     rounded through torch's default dtype), which torch's operations take in the working dtype."""
     x = values[name]
+    if torch.is_tensor(x) and torch.compiler.is_compiling():  # a learned scalar: as _number
+        return x.reshape(())
     if isinstance(x, (int, float)) or torch.is_tensor(x):
         return float(x)
     return float(torch.as_tensor(x, dtype=torch.float64).reshape(()))
@@ -226,7 +239,7 @@ def _sum_total(x, dim, nb):
 def _head_axis(x):
     """A number of each example, (batch, 1, 1), with a head axis, (batch, 1, 1, 1), to scale a stack
     of heads; a number (one example) as it is."""
-    return x.unsqueeze(-3) if torch.is_tensor(x) else x
+    return x.unsqueeze(-3) if torch.is_tensor(x) and x.dim() == 3 else x
 
 
 def _bmm(A, B, lp=None):
@@ -883,7 +896,7 @@ def _pick_sum(ids, A):
     if ids.dim() == 2 and A.dim() == 2:
         A = A.expand(ids.shape[0], *A.shape)
     t = A.gather(-1, ids.unsqueeze(-1).expand(*A.shape[:-1], 1)).sum(dim=(-2, -1))
-    return float(t.detach()) if t.dim() == 0 else t[..., None, None]
+    return _number(t) if t.dim() == 0 else t[..., None, None]
 
 
 def _aa_ids(S, ids):
