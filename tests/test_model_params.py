@@ -227,20 +227,26 @@ def test_torch_compile_keeps_the_sweeps_numbers_in_the_graph(program, batch):
     lead = () if batch is None else (batch,)
     X, Y = (0.3 * torch.randn(*lead, 4, 3, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
             for k in (1, 2))
-    opts = [torch.optim.SGD(m.parameters(), lr=1e-2) for m in (model, eager)]
     torch._dynamo.reset()
     with torch._dynamo.config.patch(error_on_recompile=True):
-        for _ in range(3):
-            losses = []
-            for m, opt in zip((compiled, eager), opts):
-                opt.zero_grad()
-                loss = m(X=X, Y=Y)
-                loss.backward()
-                opt.step()
-                losses.append(float(loss.detach()))
-            assert abs(losses[0] - losses[1]) <= 1e-12 * abs(losses[1]), losses
+        _sgd_side_by_side(model, compiled, eager, X, Y, 3)
     for (name, a), b in zip(model.named_parameters(), eager.parameters()):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-14), name
+
+
+def _sgd_side_by_side(model, compiled, eager, X, Y, steps):
+    """``steps`` SGD steps of the compiled Model and of the eager one, their losses equal at each
+    (float64, 1e-12)."""
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-2) for m in (model, eager)]
+    for _ in range(steps):
+        losses = []
+        for m, opt in zip((compiled, eager), opts):
+            opt.zero_grad()
+            loss = m(X=X, Y=Y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        assert abs(losses[0] - losses[1]) <= 1e-12 * abs(losses[1]), losses
 
 
 def test_torch_compile_trains_the_model():
@@ -250,16 +256,7 @@ def test_torch_compile_trains_the_model():
     compiled = torch.compile(model, backend="aot_eager")  # dynamo and AOTAutograd; inductor takes 30 s here
     g = torch.Generator().manual_seed(2)
     X, Y = (torch.randn(2, 4, 3, generator=g, dtype=torch.float64) for _ in range(2))
-    opts = [torch.optim.SGD(mod.parameters(), lr=1e-2) for mod in (model, eager)]
-    for _ in range(2):
-        losses = []
-        for mod, opt in zip((compiled, eager), opts):
-            opt.zero_grad()
-            loss = mod(X=X, Y=Y)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-        assert abs(losses[0] - losses[1]) <= 1e-12 * losses[1], losses
+    _sgd_side_by_side(model, compiled, eager, X, Y, 2)
     for (name, a), b in zip(model.named_parameters(), eager.parameters()):
         assert a.shape == b.shape and torch.allclose(a.grad, b.grad, rtol=1e-12, atol=0), name
         assert torch.allclose(a, b, rtol=1e-12, atol=0), name
