@@ -312,10 +312,10 @@ def test_python_and_torch_names_as_fdsl_names_in_generated_code(tmp_path, target
     model = module.Model({w: values[w] for w in weights})
     loss = model({c: given[c] for c in consts})  # self, torch, np, ... in one dict (self=... torch refuses)
     loss.backward()
-    assert float(loss) == pytest.approx(float(module.grads_and_loss(given)[1]), rel=1e-12)
+    assert float(loss.detach()) == pytest.approx(float(module.grads_and_loss(given)[1]), rel=1e-12)
     with torch.no_grad():  # and as keywords, all but self
         keywords = model({"self": given["self"]}, **{c: given[c] for c in consts if c != "self"})
-    assert float(keywords) == pytest.approx(float(loss), rel=1e-12)
+    assert float(keywords) == pytest.approx(float(loss.detach()), rel=1e-12)
     assert sorted(k for k, _ in model.named_weights()) == sorted(weights)
     for name, g in model.gradients().items():  # dL/dW = -G_W^t
         np.testing.assert_allclose(-g.numpy(), expected[name], rtol=1e-10, atol=1e-12)
