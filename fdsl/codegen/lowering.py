@@ -43,7 +43,8 @@ from them. Before any of this, ``factoring.factored`` writes ``F A + F B`` as ``
 ``A + B`` is computed anyway (the terms a bias adds, found again), and ``trace(P Q)`` is lowered as
 the sum of ``P^t o Q`` (``trace(P aa(A, B))`` as ``trace(aa(A, P^t)^t B)`` where that aa is computed
 anyway: a learned temperature's gradient). Products are ``fdsl.codegen.products`` (a mixin). The
-passes then rewrite the sweep (``run_passes``; the tests check the IR after each):
+passes then rewrite the sweep (``run_passes``; the tests check the IR after each): first
+``fdsl.codegen.cse`` makes once the ops that two spellings of one term made twice; then
 ``fdsl.codegen.fusion``: a weight's gradient summed over the batch inside its last product, sums of
 products and products that share an operand as one product, and (torch) a product of two batches as
 one ``bmm`` and the heads of an attention as one stacked chain (``heads``); on torch, ``heads``
@@ -73,6 +74,7 @@ from ..core.ops import shown as op_name
 from ..core.printers import short
 from ..core.terms import Term, postorder
 from .causal import causal_products
+from .cse import shared_ops
 from .factoring import factored
 from .fusion import (
     batched_products,
@@ -442,6 +444,7 @@ class Lowering(Products, OneHot, ModuleWriter):
         folds = self.target.folds_batches
         given = self.given()
         steps = [
+            lambda s: shared_ops(s, returned | loss),  # what two spellings of one term make twice
             lambda s: transposed_reads(s, returned, folds),
             lambda s: group_sums(s, returned, folds),
             lambda s: group_products(s, returned),

@@ -60,18 +60,32 @@ class Products:
     # -- words of products
 
     def _word(self, b: Term) -> tuple:
-        """(numeric coefficient, scalar factors, matrix word) of a product."""
+        """(numeric coefficient, scalar factors, matrix word) of a product. A factor that is the
+        transpose of a product is written out, ``(Z K)^t`` as ``K^t Z^t``: both spellings of
+        ``Z Q (Z K)^t`` are then one word, computed once (a let's product stays one factor: its
+        value is the let's)."""
         coeff = 1.0
         scalars, word = [], []
-        for f in b.args:
+
+        def factors(f: Term, flip: bool) -> list:
+            nonlocal coeff
             if f.scalar:
                 c = self.const_scalar(f)
                 if c is not None:
                     coeff *= c
                 else:
                     scalars.append(f)
-            else:
-                word.append(canon(f))
+                return []
+            if f.op == "t" and f.args[0].op in ("t", "mul"):
+                return factors(f.args[0], not flip)
+            if f.op == "mul":
+                seq = [x for g in f.args for x in factors(g, False)]
+                return [(u, not t) for u, t in reversed(seq)] if flip else seq
+            base, t = canon(f)
+            return [(base, t ^ flip)]
+
+        for f in b.args:
+            word += factors(f, False)
         return coeff, scalars, word
 
     def _key(self, word) -> tuple:
