@@ -322,6 +322,13 @@ IR_FOUND = {
     "one-gradient-twice": ("dim n = 1, d = 1\nconst Xnn : n x n\nweight Udn : d x n, Und : n x d\n"
                            "weight Wdn[i] : d x n\nF = Und (Udn + (Wdn[0]))\nE := Xnn - F\nL = trace(E^t E) / 2\n"
                            "w = form(E)\n", -1),
+    # (fuzz seed 62, issue 29) a scaled product with ids alone on one side (which takes no scale,
+    # nor does a lookup's result) and a column of ones on the other: no place took the scale
+    # (ValueError of an empty min); the product is now made and a copy scaled
+    "no-place-for-the-scale": ("dim n = 1, d = 2\nconst Xnd : n x d\nconst Ynn : n x n onehot\n"
+                               "const J1n : 1 x n = ones\nweight Und : n x d, Un1 : n x 1\n"
+                               "F = trace(Ynn^t (Un1 J1n)) Und\nE := Xnd - F\nL = trace(E^t E) / 2\n"
+                               "w = form(E)\n", -1),
 }
 
 

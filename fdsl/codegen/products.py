@@ -123,11 +123,12 @@ class Products:
         if not scale:
             ref = self._interval(word, split, 0, len(word) - 1, self._hint(b))
             return ref.t() if flip else ref
-        if key in self.avail or self.counts.get(key, 1) > 1:
-            # the unscaled product is (or will be) shared: compute it once, scale a copy
+        s = split[0][len(word) - 1]
+        if key in self.avail or self.counts.get(key, 1) > 1 or not self._scalable(word, s):
+            # the unscaled product is (or will be) shared, or no place of it takes a scale: compute
+            # it once, scale a copy
             whole = self._interval(word, split, 0, len(word) - 1)
             return self._new(b, "scale", [whole.read(scale)], flip=flip)
-        s = split[0][len(word) - 1]
         left = self._interval(word, split, 0, s)
         right = self._interval(word, split, s + 1, len(word) - 1)
         rows, inner, cols = (self._guess(d) for d in (self._oriented_shape(word[0])[0],
@@ -135,10 +136,7 @@ class Products:
                                                        self._oriented_shape(word[-1])[1]))
         self.flops += rows * inner * cols
         sizes = {"left": rows * inner, "right": inner * cols, "out": rows * cols}
-        # a side that is a vector of ones is not multiplied but summed over (_matmul): a scalar put
-        # on it would be lost, so it goes on the other side or the result
-        sizes.pop(self._ones_side(word[:s + 1], word[s + 1:]), None)
-        for side in self._onehot_unscaled(word[:s + 1], word[s + 1:]):  # ids: the scale on the other side
+        for side in self._unscalable(word, s):
             sizes.pop(side, None)
         where = min(sizes, key=sizes.get)
         lhs, rhs = left.read(), right.read()
@@ -154,6 +152,17 @@ class Products:
         if where == "out":
             attrs["out_scale"] = scale
         return self._new(b, kind, args, flip=flip, **attrs)
+
+    def _unscalable(self, word, s) -> set:
+        """The places of the product ``word`` split after ``s`` ("left", "right", "out") that may not
+        take a scale: a side that is a vector of ones is not multiplied but summed over (_matmul),
+        so a scalar put on it would be lost; with ids alone on a side, that side and the result
+        (a lookup or a scatter has no out_scale)."""
+        return {self._ones_side(word[:s + 1], word[s + 1:])} | set(self._onehot_unscaled(word[:s + 1], word[s + 1:]))
+
+    def _scalable(self, word, s) -> bool:
+        """Whether some place of the product ``word`` split after ``s`` takes a scale."""
+        return bool({"left", "right", "out"} - self._unscalable(word, s))
 
     def _factor(self, factor) -> _Ref:
         b, f = factor
