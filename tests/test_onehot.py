@@ -184,6 +184,34 @@ def test_the_generated_module_says_which_ids_are_wrong(tmp_path, target):
         grads({**ids, **weights, "X": ids["X"].astype(np.float64)})
 
 
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int32", "int64"])
+def test_ids_of_any_integer_dtype_give_the_same_gradients(tmp_path, target, dtype):
+    """Ids as a dataset may hold them (uint8, int16, int32): the gradients of int64 ids, for the
+    lookups and gathers and for the one-hot matrix (torch's embedding refused uint8 and int16 with
+    a RuntimeError, its gather and one_hot int32)."""
+    from fdsl.numbers.values import program_values, random_values
+
+    torch = pytest.importorskip("torch") if target == "torch" else None
+    convert = (lambda x: torch.as_tensor(x)) if torch else (lambda x: x)  # noqa: E731
+    for source in (LM % " onehot", MATRIX_USES["both, beside a lookup"]):
+        p = fdsl.parse(source)
+        path = tmp_path / ("m%d_%s.py" % (len(list(tmp_path.iterdir())), target))
+        path.write_text(codegen.gradients_source(p.normal_form(p["w"]), p.dims, "ids", target, None,
+                                                 loss_of(p["w"])))
+        mod = import_module(path, path.stem)
+        random_values(p, 4)
+        store = program_values(p)
+        values = {name: np.asarray(store[name]) for name in mod.INPUTS}
+        assert all(values[name].dtype == np.int64 for name in mod.IDS)
+        want, want_loss = mod.grads_and_loss({k: convert(v) for k, v in values.items()})
+        got, loss = mod.grads_and_loss({k: convert(v.astype(dtype) if k in mod.IDS else v)
+                                        for k, v in values.items()})
+        assert float(loss) == float(want_loss)
+        for name in want:
+            assert np.array_equal(np.asarray(got[name]), np.asarray(want[name])), name
+
+
 MATRIX_USES = {  # uses of a onehot constant that none of the kinds of ids computes
     "an operator of it": """dim n = 4, v = 9
 const X : n x v onehot

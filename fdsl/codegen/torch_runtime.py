@@ -846,11 +846,12 @@ def _ids(values, name, rows, vocab, device):
     bad = (x < 0) | (x >= vocab)
     if torch.compiler.is_compiling():  # a traced graph checks without leaving it (no message of where)
         torch._assert_async(bad.logical_not().all(), "%s has an id outside [0, %d)" % (name, vocab))
-        return x
-    if bool(bad.any()):
+    elif bool(bad.any()):
         at = tuple(int(i) for i in bad.nonzero()[0])
         raise ValueError("%s has the id %d at %s, outside [0, %d)" % (name, int(x[at]), at, vocab))
-    return x
+    # int64, as torch's lookups, gathers and one_hot take them (uint8 or int16 ids, as a dataset
+    # may hold them, are refused by embedding; int32 by gather and one_hot)
+    return x if x.dtype == torch.int64 else x.long()
 
 
 def _lookup(ids, A):
