@@ -171,10 +171,10 @@ def test_float64_steps_agree_with_nanogpt(tmp_path):
         assert abs(mine - theirs_loss) <= 1e-10 * abs(theirs_loss), (it, mine, theirs_loss)
     views = ref_module.views(ref, ref_module.config_of(module.SHAPES))
     for name, p in model.named_weights():
-        want = views[name].reshape(p.shape)
+        want = views[name].detach().reshape(p.shape)
         # (the key biases have no gradient, a softmax does not see a constant added to a row: they
         # stay at 0 up to rounding, so they are compared at the scale of a step, 1e-3)
-        assert float((p - want).abs().max()) <= 1e-10 * max(float(want.abs().max()), 1e-3), name
+        assert float((p.detach() - want).abs().max()) <= 1e-10 * max(float(want.abs().max()), 1e-3), name
     # and the sample's logits are the model's: its loss from them
     with torch.no_grad():
         x, y = s.get_batch(val, n, 1, g, "cpu")
