@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .ir import KINDS, PROLOGUE, Op, Read, Sweep
+from .ir import KINDS, PROLOGUE, Op, Sweep, reread
 
 
 def _key(op: Op) -> Optional[tuple]:
@@ -44,11 +44,7 @@ def shared_ops(sweep: Sweep, kept: set) -> None:
     to: dict = {}  # a dropped op's value -> the earlier op's value
     mapping: dict = {}
     for op in sweep.ops:
-        args = tuple(_swapped(a, to) for a in op.args)
-        attrs = op.attrs
-        if "out_scale" in attrs:  # (a scale after the op is made reads its scalars too)
-            attrs = dict(attrs, out_scale=tuple(to.get(s, s) for s in attrs["out_scale"]))
-        new = op if args == op.args and attrs == op.attrs else Op(op.kind, op.outs, args, **attrs)
+        new = reread(op, to)
         if new is not op:
             mapping[op] = [new]
         if op.kind in PROLOGUE or KINDS[op.kind].multi or op.inplace() is not None or len(op.outs) != 1:
@@ -68,11 +64,3 @@ def shared_ops(sweep: Sweep, kept: set) -> None:
     if to:
         sweep.rewrite(mapping)
 
-
-def _swapped(a, to: dict):
-    """An operand reading a dropped op's value read of the earlier one's (transpose and scale kept);
-    a scale's scalars too."""
-    if isinstance(a, Read):
-        scale = tuple(to.get(s, s) for s in a.scale)
-        return Read(to.get(a.value, a.value), a.t, scale)
-    return to.get(a, a)

@@ -55,6 +55,7 @@ outs in that order. Views and splits cut evenly: only heads of widths known to b
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from .families import concatenated
@@ -692,12 +693,7 @@ def products_side_by_side(sweep: Sweep, kept: set) -> None:
             continue
         if any(sweep.updated_between(m.values_read(), pos, pos[m] + 1, pos[op]) for m in makers):
             continue
-        scales = []
-        for r in op.args:
-            c = 1.0
-            for x in r.scale:
-                c *= float(x)
-            scales.append(c if r.scale else None)
+        scales = [math.prod(map(float, r.scale)) if r.scale else None for r in op.args]
         for m in makers:
             mapping[m] = []
         mapping[op] = [Op("side_products", op.outs, [a for m in makers for a in m.args],

@@ -228,6 +228,22 @@ def transposed_product(op: Op) -> Op:
     return Op("matmul", [transposed_value(op.out)], [b.T(), a.T()], **op.attrs)
 
 
+def reread(op: Op, to: dict) -> Op:
+    """``op`` reading, for each value in ``to``, its image instead: a read's value (its transpose
+    and scale kept), a scalar operand, the scalars of a scale and of ``out_scale``; ``op`` itself
+    where it reads none of them (a pass that replaces values rewrites their readers with it)."""
+    def swap(a):
+        if isinstance(a, Read):
+            return Read(to.get(a.value, a.value), a.t, tuple(swap(s) for s in a.scale))
+        return to.get(a, a) if isinstance(a, Value) else a
+
+    args = tuple(swap(a) for a in op.args)
+    attrs = op.attrs
+    if "out_scale" in attrs:
+        attrs = dict(attrs, out_scale=tuple(swap(s) for s in attrs["out_scale"]))
+    return op if args == op.args and attrs == op.attrs else Op(op.kind, op.outs, args, **attrs)
+
+
 def values_of(a) -> list:
     """The values an operand reads: a value, a read's value and its scale's, a dim's size."""
     if isinstance(a, Value):

@@ -36,7 +36,7 @@ from typing import Optional
 from ..base.errors import FdslError
 from ..core.printers import short
 from ..core.terms import Term
-from .ir import Op, Read, Sweep, Value
+from .ir import Op, Read, Sweep, Value, reread
 from .products import _Ref, canon
 
 # the kinds that read ids (the only ones that may)
@@ -242,17 +242,10 @@ class OneHot:
         mapping = {}
         for op in self.sweep:
             if op.kind not in IDS_KINDS and any(v in dense for v in op.values_read()):
-                mapping[op] = [Op(op.kind, op.outs, [_dense_read(a, dense) for a in op.args], **op.attrs)]
+                mapping[op] = [reread(op, dense)]
         for v, op in first.items():  # (each first op reads ids: it is among those rewritten)
             mapping[op].insert(0, Op("onehot", [dense[v]], [Read(v)], vocab=self.size(v.shape[1])))
         self.sweep.rewrite(mapping)
-
-
-def _dense_read(a, dense: dict):
-    """An operand with a read of ids read of their one-hot matrix (transpose and scale kept)."""
-    if isinstance(a, Read) and a.value in dense:
-        return Read(dense[a.value], a.t, a.scale)
-    return a
 
 
 def summed_scatter(sweep: Sweep, v: Value) -> bool:

@@ -24,7 +24,7 @@ Torch only (the numpy target is not traced). One walk over the sweep and one rew
 from __future__ import annotations
 
 from ..core.ops import OPS
-from .ir import Op, Read, Sweep, Value
+from .ir import Op, Read, Sweep, Value, reread
 
 
 def _elementwise_of_one(op: Op) -> bool:
@@ -70,14 +70,8 @@ def remade_in_backward(sweep: Sweep, loss: set, kept: set) -> None:
     for v in swaps:
         for r in sweep.users(v):
             if pos[r] > boundary and r not in rewritten:
-                rewritten[r] = [Op(r.kind, r.outs, [_swapped(a, swaps) for a in r.args], **r.attrs)]
+                rewritten[r] = [reread(r, swaps)]
     for first, ops in before.items():  # (a first backward reader reads its value: it is rewritten)
         rewritten[first] = ops + rewritten[first]
     sweep.rewrite(rewritten)
 
-
-def _swapped(a, swaps: dict):
-    """An operand with a read of a remade value read of its remade one (transposes and scales kept)."""
-    if isinstance(a, Read) and a.value in swaps:
-        return Read(swaps[a.value], a.t, a.scale)
-    return a

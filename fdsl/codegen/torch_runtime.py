@@ -287,11 +287,16 @@ def _bmm_causal(A, B, kind, lp=None):
 
 
 def _causal_fits(A, B, kind):
-    """Whether _bmm_causal(A, B, kind) multiplies in blocks: two stacks of one leading shape and
-    dtype, at least two blocks of rows, A square where it is the triangular one."""
+    """Whether _bmm_causal(A, B, kind) multiplies in blocks: two _stacks, at least two blocks of
+    rows, A square where it is the triangular one."""
     n = A.shape[-2]
-    return A.dim() == B.dim() and A.dim() in (3, 4) and A.shape[:-2] == B.shape[:-2] and A.dtype == B.dtype \
-        and n >= 2 * _CAUSAL_BLOCK and (kind == "out" or A.shape[-1] == n)
+    return _stacks(A, B) and n >= 2 * _CAUSAL_BLOCK and (kind == "out" or A.shape[-1] == n)
+
+
+def _stacks(A, B):
+    """Whether A and B are stacks of matrices (3-D or 4-D) of one leading shape and dtype, which
+    the blocked products take as they are (none broadcasts)."""
+    return A.dim() == B.dim() and A.dim() in (3, 4) and A.shape[:-2] == B.shape[:-2] and A.dtype == B.dtype
 
 
 def _side_products(specs, lp=None):
@@ -304,8 +309,7 @@ def _side_products(specs, lp=None):
     the products."""
     shapes = [A.shape[:-1] + B.shape[-1:] for A, B, _, _ in specs]
     if lp is not None or torch.compiler.is_compiling() or any(
-            A.dim() != B.dim() or A.dim() not in (3, 4) or A.shape[:-2] != B.shape[:-2] or A.dtype != B.dtype
-            or s[:-1] != shapes[0][:-1] for (A, B, _, _), s in zip(specs, shapes)):
+            not _stacks(A, B) or s[:-1] != shapes[0][:-1] for (A, B, _, _), s in zip(specs, shapes)):
         return _side_by_side(tuple(_bmm_causal(A, B, k, lp) if k else _bmm(A, B, lp) for A, B, k, _ in specs),
                              tuple(c for _, _, _, c in specs))
     lead, h, rows = shapes[0][:-3], shapes[0][-3], shapes[0][-2]
