@@ -37,11 +37,11 @@ weights on the same batches (the largest relative difference), then at batch 1 a
 under ``torch.compile`` with ``--compile``): the time of a step (zero_grad, forward, backward,
 AdamW) in ``--rounds`` interleaved rounds of ``--inner`` steps, as the median of the per-round
 ratios fdsl / autograd with their least and greatest; and the peak memory of a step, each side
-measured in a fresh process of its own (``--memory-of``): on the CPU the process's peak resident
-set (``VmHWM`` of ``/proc/self/status``) over 3 steps after building the model and its optimiser
-(the mark reset just before them through ``/proc/self/clear_refs``; not ``ru_maxrss``, which
-keeps the parent's across exec), and its rise over the resident set just before the first step (the step's own:
-activations, gradients, AdamW's state); on a GPU ``torch.cuda.max_memory_allocated``.
+measured in fresh processes of its own (``--memory-of``, the median of ``--memory-runs``): on the
+CPU the process's peak resident set (``VmHWM`` of ``/proc/self/status``) over 3 steps after 3 of
+warm-up (``memory_of``; the mark reset just before them through ``/proc/self/clear_refs``; not
+``ru_maxrss``, which keeps the parent's across exec), and its rise over the resident set just
+before them (the steps' own: activations, gradients); on a GPU ``torch.cuda.max_memory_allocated``.
 ``--device cuda`` runs it on a GPU (at context 1024 for gpt2 unless ``--context`` says); without
 one it says so and records "no GPU here". Each size is written into BENCHMARKS.md between markers
 of its own.
