@@ -36,7 +36,9 @@ betas (0.9, 0.99), lr 1e-3). It reports the float32 losses of ``--steps`` steps 
 weights on the same batches (the largest relative difference), then at batch 1 and 4, eager (and
 under ``torch.compile`` with ``--compile``): the time of a step (zero_grad, forward, backward,
 AdamW) in ``--rounds`` interleaved rounds of ``--inner`` steps, as the median of the per-round
-ratios fdsl / autograd with their least and greatest; and the peak memory of a step, each side
+ratios fdsl / autograd with their least and greatest (where fdsl's generated module runs its float32
+products on oneDNN, ``_GEMM``, also a second fdsl Model on torch's own products in the same rounds:
+the ratio with the same kernels on both sides); and the peak memory of a step, each side
 measured in fresh processes of its own (``--memory-of``, the median of ``--memory-runs``): on the
 CPU the process's peak resident set (``VmHWM`` of ``/proc/self/status``) over 3 steps after 3 of
 warm-up (``memory_of``; the mark reset just before them through ``/proc/self/clear_refs``; not
@@ -406,6 +408,30 @@ def large_side(module, dtype, device, side, seed=0, **adamw):
     return ref, nanogpt_ref.configure_optimizer(ref, **adamw)
 
 
+LIBRARIES = {
+    "onednn": "oneDNN's matmul (the generated module's FDSL_MATMUL=auto measured it the faster here; on this AMD "
+              "CPU MKL's sgemm, which torch's own products and so autograd's call, takes its generic code path)",
+    "blas": "torch's own (its BLAS; the generated module's FDSL_MATMUL=auto found oneDNN's no faster, or none)",
+}
+
+
+def on_library(module, library, step):
+    """``step`` with the generated module's float32 products on ``library`` while it runs."""
+    def run(x, y):
+        saved, module._GEMM[0] = module._GEMM[0], library
+        try:
+            return step(x, y)
+        finally:
+            module._GEMM[0] = saved
+
+    return run
+
+
+def _spread(ratios) -> tuple:
+    """(median, least, greatest) of per-round ratios."""
+    return float(np.median(ratios)), min(ratios), max(ratios)
+
+
 def _adamw(args) -> dict:
     """The AdamW options both sides take (nanoGPT's on the CPU: none)."""
     return {"fused": True} if args.fused else {"foreach": True} if args.foreach else {}
@@ -598,6 +624,12 @@ def large(args) -> int:
         % (args.steps, first[0], first[1], max(diffs)))
     del ours, ref, o_ours, o_ref
     say()
+    library = module._GEMM[0] if device == "cpu" else "cuBLAS"
+    say("fdsl's float32 products: %s. %s" % (
+        LIBRARIES.get(library, library), "" if library != "onednn" else
+        "The column \"on BLAS\" is fdsl's Model on torch's own products (FDSL_MATMUL=blas, the library nanoGPT's "
+        "Linear layers run on), in the same interleaved rounds: fdsl's sweep against autograd with the same kernels."))
+    say()
     say("One float32 training step (zero_grad, forward, backward, AdamW%s), %d interleaved rounds of %d step%s: "
         "milliseconds a step (median round, %s), fdsl / autograd as the median of the per-round ratios (least - "
         "greatest); peak memory of a step, each side in fresh processes (%s over 3 steps after 3 of warm-up, the "
@@ -606,25 +638,32 @@ def large(args) -> int:
            "" if args.inner == 1 else "s", "wall time" if device == "cuda" else "the thread's CPU time",
            "torch.cuda.max_memory_allocated" if device == "cuda" else "VmHWM", args.memory_runs))
     say()
-    say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd, median (least - greatest) | "
-        "peak MiB fdsl / autograd (rise) |")
-    say("|---|---|---|---|---|---|")
+    blas = library == "onednn"
+    say("| batch | mode | fdsl ms | autograd ms | fdsl / autograd, median (least - greatest) | %s"
+        "peak MiB fdsl / autograd (rise) |" % ("on BLAS: fdsl / autograd | " if blas else ""))
+    say("|---|---|---|---|---|---|%s" % ("---|" if blas else ""))
     modes = [False, True] if args.compile else [False]
     for batch in (1, 4):
         for compiled in modes:
             ours, ref, o_ours, o_ref = large_pair(module, torch.float32, device, **_adamw(args))
             a, b = (torch.compile(ours), torch.compile(ref)) if compiled else (ours, ref)
             x, y = id_batch(c.vocab, c.context, batch, device, 2)
-            t = ratio_rounds({"fdsl": step_fn(a, o_ours), "autograd": step_fn(b, o_ref)}, x, y, args.rounds,
-                             args.inner, device)
-            del ours, ref, o_ours, o_ref, a, b
+            steps = {"fdsl": step_fn(a, o_ours), "autograd": step_fn(b, o_ref)}
+            if blas:
+                on_blas, _, o_blas, _ = large_pair(module, torch.float32, device, **_adamw(args))
+                steps["blas"] = on_library(module, "blas", step_fn(torch.compile(on_blas) if compiled else on_blas,
+                                                                   o_blas))
+            t = ratio_rounds(steps, x, y, args.rounds, args.inner, device)
+            del ours, ref, o_ours, o_ref, a, b, steps
             ratios = [p / q for p, q in zip(t["fdsl"], t["autograd"])]
+            on_blas = ("%.2f (%.2f - %.2f) | " % _spread([p / q for p, q in zip(t["blas"], t["autograd"])])
+                       if blas else "")
             flags = ["--fused"] if args.fused else ["--foreach"] if args.foreach else []
             (pf, rf), (pa, ra) = (measure_memory(args.size, path, batch, compiled, device, side, flags,
                                                  args.memory_runs) for side in ("fdsl", "autograd"))
-            say("| %d | %s | %.1f | %.1f | **%.2f** (%.2f - %.2f) | %.0f / %.0f (%.0f / %.0f) |" % (
+            say("| %d | %s | %.1f | %.1f | **%.2f** (%.2f - %.2f) | %s%.0f / %.0f (%.0f / %.0f) |" % (
                 batch, "torch.compile" if compiled else "eager", np.median(t["fdsl"]) * 1e3,
-                np.median(t["autograd"]) * 1e3, np.median(ratios), min(ratios), max(ratios), pf, pa, rf, ra))
+                np.median(t["autograd"]) * 1e3, *_spread(ratios), on_blas, pf, pa, rf, ra))
     print("%.0f s in all" % (time.time() - t0))
     if not args.no_write:
         write(lines, args.size)

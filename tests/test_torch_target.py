@@ -169,12 +169,13 @@ def test_the_function_and_the_module_train_like_autograd(tmp_path):
 
 
 def test_the_module_imports_only_torch(tmp_path):
-    # and the standard library's ctypes, os and platform (the runtime's _keep_heap)
+    # and the standard library's ctypes, os and platform (the runtime's _keep_heap), time (its
+    # choice of the products' kernel, _probe_gemm)
     module, p = torch_module(tmp_path, 1)
     tree = ast.parse(Path(module.__file__).read_text())
     imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [(a.name, a.asname) for n in imports for a in n.names] == [
-        ("ctypes", None), ("os", None), ("platform", None), ("torch", None)]
+        ("ctypes", None), ("os", None), ("platform", None), ("time", None), ("torch", None)]
     # (the data-parallel test below runs it in processes where fdsl cannot be imported)
 
 
@@ -220,7 +221,8 @@ def test_every_numpy_function_of_rule_files_runs_on_torch(fn):
     arity, template = NUMPY_FUNCTIONS[fn]
     code = TARGETS["torch"].template(type("Spec", (), {"numpy": template})(), "user")
     assert code is not None and "np." not in code.replace("_np.", "")
-    runtime: dict = {"torch": torch}
+    runtime: dict = {}
+    exec("\n".join(TARGETS["torch"].imports), runtime)  # (as a generated module imports them)
     exec(compile(TARGETS["torch"].runtime(), "<torch runtime>", "exec"), runtime)
     rng = np.random.default_rng(0)
     args = [rng.uniform(0.2, 2.0, (3, 4)) for _ in range(arity)]  # inside every function's domain

@@ -82,7 +82,7 @@ class Target:
 
 class TorchTarget(Target):
     name = "torch"
-    imports = ("import ctypes", "import os", "import platform", "", "import torch")
+    imports = ("import ctypes", "import os", "import platform", "import time", "", "import torch")
     device = ", device=_dev"
     pieces = False
     folds_batches = True
