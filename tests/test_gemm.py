@@ -111,6 +111,8 @@ def test_a_bias_a_residual_and_a_seed_are_added_as_torch_adds_them(module):
         (lambda: module["_addmm"](row, A, B), product + row.double()),
         (lambda: module["_addmm"](residual, A, B), product + residual.double()),
         (lambda: module["_addmm"](residual[0], A[0], B), product[0] + residual[0].double()),
+        (lambda: module["_addmm"](residual[0].mT.contiguous().mT, A[0], B), product[0] + residual[0].double()),
+        (lambda: module["_addmm"](row.expand(96, 112), A[0], B), product[0] + row.double()),
         (lambda: module["_product"](A[0], B, 0.25), 0.25 * product[0]),
         (lambda: module["_product"](A[0], B, torch.tensor(-3.0)), -3.0 * product[0]),
         (lambda: module["_matmul_total"](A.mT, A @ B, 2), (A.double().mT @ (A.double() @ B.double())).sum(0)),

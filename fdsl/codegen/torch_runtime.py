@@ -273,13 +273,13 @@ def _on_onednn(A, B):
 def _gemm(A, B, C=None, alpha=None):
     """alpha A @ B + C on oneDNN (``_on_onednn(A, B)`` holds): C None, a row, or a matrix of the
     result's shape; alpha None (1), a number or a 0-d tensor."""
-    if C is not None and C.dim() == 2 and C.shape[0] == 1 and alpha is None:
-        bias, other = C[0], None
-    else:
-        bias, other = None, (C if alpha is None else None)
-    if other is not None and (other.shape != A.shape[:-1] + B.shape[-1:] or other.dtype != A.dtype
-                              or other.requires_grad and torch.is_grad_enabled()):
-        other = None
+    bias = other = None
+    if C is not None and alpha is None and C.dtype == A.dtype and C.is_contiguous() \
+            and not (C.requires_grad and torch.is_grad_enabled()):
+        if C.dim() == 2 and C.shape[0] == 1:
+            bias = C[0]
+        elif C.shape == A.shape[:-1] + B.shape[-1:]:
+            other = C
     op = torch.ops.fdsl.onednn_linear if torch.compiler.is_compiling() else _onednn_linear
     out = op(A, B.mT, bias, other)
     if alpha is not None:
