@@ -230,3 +230,34 @@ def test_inductor_compiles_the_product_and_the_step_agrees(module):
     constant weights of inference: the custom op is called as it stands."""
     _, eager, _ = _step(module, "onednn", torch.float32)
     _agree(_compiled(module), eager)
+
+
+@needs_onednn
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_inductors_reordering_for_locality_moves_no_product(module, monkeypatch):
+    """A product read by the graph's output alone (a weight's gradient) would be moved by
+    inductor's reordering for locality to the end of the graph, keeping what it reads (a layer's
+    activations) alive until then; read through a getitem, it stays where the sweep makes it."""
+    from torch._inductor.fx_passes import post_grad
+
+    moved = []
+    real = post_grad.reorder_for_locality
+
+    def spy(graph):
+        def positions():
+            return {n: i for i, n in enumerate(graph.nodes) if "onednn_linear" in str(n.target)}
+
+        before = positions()
+        real(graph)
+        after = positions()
+        moved.append((len(before), max(after[n] - i for n, i in before.items()) / len(graph.nodes)))
+
+    monkeypatch.setattr(post_grad, "reorder_for_locality", spy)
+    from torch._inductor import config  # (a graph compiled before, and cached, runs no pass)
+
+    monkeypatch.setattr(config, "fx_graph_cache", False)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    _, eager, _ = _step(module, "onednn", torch.float32)
+    _agree(_compiled(module), eager)
+    assert moved and all(count >= 6 for count, _ in moved)
+    assert all(later < 0.05 for _, later in moved), moved  # (earlier, as their readers move, is fine)

@@ -62,6 +62,15 @@ def _eager(module, data):
     return float(loss.detach()), {name: p.grad.clone() for name, p in model.named_weights()}
 
 
+def _agree(*results, off):
+    """Each (loss, gradients) is the pass-off module's to 1e-12."""
+    off_loss, off_grads = off
+    for loss, grads in results:
+        assert abs(loss - off_loss) <= 1e-12 * abs(off_loss)
+        for name, g in off_grads.items():
+            assert float((grads[name] - g).abs().max()) <= 1e-12 * max(1.0, float(g.abs().max())), name
+
+
 def _gelus(graphs) -> int:
     return sum(1 for gm in graphs for node in gm.graph.nodes if node.op == "call_function"
                and getattr(node.target, "__name__", "") == "gelu")
@@ -98,12 +107,7 @@ def test_a_traced_graph_makes_gelu_again_and_the_gradients_agree(monkeypatch):
     assert "is_compiling() else" not in source.split("def grads_and_loss")[1]
     off_loss, off_grads, off_graphs = _traced(compile_namespace(source), data)
     assert _gelus(off_graphs) == 2
-    for a in (loss, eager_loss):
-        assert abs(a - off_loss) <= 1e-12 * abs(off_loss)
-    for name, g in off_grads.items():
-        scale = max(1.0, float(g.abs().max()))
-        for other in (grads, eager_grads):
-            assert float((other[name] - g).abs().max()) <= 1e-12 * scale, name
+    _agree((loss, grads), (eager_loss, eager_grads), off=(off_loss, off_grads))
 
 
 def test_nothing_is_remade_without_a_loss_or_where_the_forward_alone_reads_it():
@@ -121,3 +125,40 @@ E := Y - gelu(X W1) W2
 w = form(E)
 """)
     assert "is_compiling() else" not in _source(q).split("def grads_and_loss")[1]
+
+
+ATTENTION = """
+dim n = 8, d = 6, k = 3
+const X : n x d, Y : n x d
+const M : n x n = causal
+scalar s = k^(-1/2)
+weight Q, K, V : d x k, O : k x d
+Z := X + a(s X Q K^t X^t + M) X V O
+E := Y - Z
+w = form(E)
+"""
+
+
+def _softmaxes(graphs) -> int:
+    return sum(1 for gm in graphs for node in gm.graph.nodes if node.op == "call_function"
+               and getattr(node.target, "__name__", "") == "softmax")
+
+
+def test_an_attentions_probabilities_are_made_again_for_the_backward(monkeypatch):
+    """P = softmax(s X Q K^t X^t + M), read by the forward's P X V and by the backward's two
+    products with it: a traced graph makes it again from the query and key stacks (a second
+    softmax), eagerly it is the one kept; the gradients are the module's without the pass."""
+    p = fdsl.parse(ATTENTION)
+    data = {name: torch.randn(2, 8, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+            for name in ("X", "Y")}
+    source = _source(p)
+    body = source.split("def grads_and_loss")[1]
+    assert body.count("_causal_softmax(") == 2 and "_causal_softmax(" in body.split("is_compiling() else")[0]
+    module = compile_namespace(source)
+    loss, grads, graphs = _traced(module, data)
+    assert _softmaxes(graphs) == 2
+    eager_loss, eager_grads = _eager(module, data)
+    monkeypatch.setattr(lowering, "remade_in_backward", lambda sweep, loss, kept: None)
+    off_loss, off_grads, off_graphs = _traced(compile_namespace(_source(p)), data)
+    assert _softmaxes(off_graphs) == 1
+    _agree((loss, grads), (eager_loss, eager_grads), off=(off_loss, off_grads))

@@ -142,8 +142,8 @@ KINDS = {
     "cat_addmm": Kind("C + A @ [B_1; ...; B_k] as one kernel (the B_i concatenated along the rows)"),
     # elementwise and row-wise operators
     "template": Kind("an operator of the table by its target template (attrs op, data)"),
-    "remade": Kind("an elementwise template's value V = f(U) made again for the backward: f(U) in a traced graph, "
-                   "V itself run eagerly (args V, U; attrs the template's: op, data; fdsl.codegen.remade)"),
+    "remade": Kind("a value V = f(U...) made again for the backward: f(U...) in a traced graph, V itself run "
+                   "eagerly (args V, then f's; attrs of, f's op kind, and f's own; fdsl.codegen.remade)"),
     "mask": Kind("A > 0"),
     "masked": Kind("mask * B: mm(A, B)"),
     "softmax": Kind("row-wise softmax"),

@@ -201,11 +201,10 @@ def _onednn_linear(A, W, bias, other):
 
 
 def _probe_gemm():
-    """"onednn" where oneDNN's float32 matmul is available and at least 10% faster than torch's
-    own (its BLAS) on a product of a transformer's size; else "blas". A few milliseconds, once."""
+    """The faster library of this machine: "onednn" where oneDNN's float32 matmul is available,
+    right, and at least 10% faster than torch's own (its BLAS) on a product of a transformer's
+    size; else "blas". A few milliseconds, once."""
     try:
-        if not torch.backends.mkldnn.is_available():
-            return "blas"
         g = torch.Generator().manual_seed(0)
         A, B = torch.randn(256, 512, generator=g), torch.randn(512, 512, generator=g)
         if not torch.allclose(_onednn_linear(A, B.mT, None, None), A @ B, rtol=1e-4, atol=1e-3):
@@ -221,6 +220,10 @@ def _probe_gemm():
     return "onednn" if min(times["onednn"]) < 0.9 * min(times["blas"]) else "blas"
 
 
+def _has_onednn():
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def _gemm_library():
     """The kernel of the float32 matrix products on a CPU: ``FDSL_MATMUL`` = ``blas`` (torch's
     own, through its BLAS), ``onednn`` (oneDNN's matmul; torch's where the op is missing) or
@@ -231,9 +234,8 @@ def _gemm_library():
     if choice == "blas":
         return "blas"
     if choice == "onednn":
-        available = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        return "onednn" if available else "blas"
-    return _probe_gemm()
+        return "onednn" if _has_onednn() else "blas"
+    return _probe_gemm() if _has_onednn() else "blas"
 
 
 _GEMM = [_gemm_library()]  # the library of this process (a list, so that a test may set it)
@@ -242,21 +244,25 @@ _GEMM = [_gemm_library()]  # the library of this process (a list, so that a test
 def _define_gemm_op():
     """oneDNN's product as the custom op ``fdsl::onednn_linear``, which a graph ``torch.compile``
     traces calls as one opaque kernel (inductor lowers the oneDNN op itself only for constant
-    weights, as in inference). Defined once a process, by the first module that needs it."""
+    weights, as in inference). Defined once a process, by the first module imported where oneDNN
+    is (whichever library it chose: a test, a benchmark may switch ``_GEMM``)."""
     if hasattr(torch.ops.fdsl, "onednn_linear"):
         return
 
+    # (a list of one: the graph reads it with a getitem, which inductor's reordering for locality
+    # leaves where it is; a product whose only reader is the graph's output, a weight's gradient,
+    # is otherwise moved to the end of the graph, and what it reads is kept alive until then)
     @torch.library.custom_op("fdsl::onednn_linear", mutates_args=())
     def onednn_linear(A: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None,
-                      other: torch.Tensor | None) -> torch.Tensor:
-        return _onednn_linear(A, W, bias, other)
+                      other: torch.Tensor | None) -> list[torch.Tensor]:
+        return [_onednn_linear(A, W, bias, other)]
 
     @onednn_linear.register_fake
     def _(A, W, bias, other):
-        return A.new_empty(A.shape[:-1] + W.shape[:1])
+        return [A.new_empty(A.shape[:-1] + W.shape[:1])]
 
 
-if _GEMM[0] == "onednn":
+if _has_onednn():
     _define_gemm_op()
 
 
@@ -280,8 +286,10 @@ def _gemm(A, B, C=None, alpha=None):
             bias = C[0]
         elif C.shape == A.shape[:-1] + B.shape[-1:]:
             other = C
-    op = torch.ops.fdsl.onednn_linear if torch.compiler.is_compiling() else _onednn_linear
-    out = op(A, B.mT, bias, other)
+    if torch.compiler.is_compiling():
+        out = torch.ops.fdsl.onednn_linear(A, B.mT, bias, other)[0]
+    else:
+        out = _onednn_linear(A, B.mT, bias, other)
     if alpha is not None:
         out = out.mul_(alpha)
     if C is not None and bias is None and other is None:

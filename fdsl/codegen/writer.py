@@ -30,7 +30,7 @@ from ..base.errors import FdslError
 from ..core.ops import OPS
 from ..core.ops import shown as op_name
 from ..core.printers import short
-from .ir import Dim, Read, Value, values_of
+from .ir import Dim, Op, Read, Value, values_of
 from .source import _indent, _natural, docstring_literal
 
 # Names the generated module gives a meaning of its own: its imports, its globals and functions,
@@ -179,6 +179,23 @@ class Writer:
             make = op.attrs["make"]
             args = sizes[0] if make in ("eye", "causal") else "(%s)" % ", ".join(sizes)
             return ["%s = %s" % (out, tgt.constant(make, args))]
+        code = self._code(op)
+        lines = ["%s = %s" % (outs, code)]
+        scale = op.attrs.get("out_scale")
+        if scale:  # scaled after the product, in place: the product's array is its own ...
+            code = " * ".join(self.scalar(s) for s in scale)
+            if any(isinstance(s, Value) and s.batched for s in scale) and not any(
+                    self._batched(r) for r in op.reads()):  # ... unless a number of each example widens it
+                lines.append("%s = %s * %s" % (out, out, code))
+            else:
+                lines.append("%s *= %s" % (out, code))
+        return lines
+
+    def _code(self, op) -> str:
+        """The expression of an op that makes its outputs by one call (every kind but the inputs,
+        dims, constants and sums)."""
+        kind, a = op.kind, op.args
+        tgt = self.target
         lp = self.lp
         if kind == "matmul":
             if op.attrs.get("total"):
@@ -225,8 +242,9 @@ class Writer:
         elif kind == "template":
             code = self.template(op, [self.read(r) for r in a])
         elif kind == "remade":  # (torch: a traced graph makes it again; eagerly, the value kept)
-            code = "%s if torch.compiler.is_compiling() else %s" % (self.template(op, [self.read(r) for r in a[1:]]),
-                                                                   self.read(a[0]))
+            attrs = dict(op.attrs)
+            again = Op(attrs.pop("of", "template"), op.outs, a[1:], **attrs)
+            code = "%s if torch.compiler.is_compiling() else %s" % (self._code(again), self.read(a[0]))
         elif kind == "scalar_template":
             arrays = [tgt.constant("full", "(1, 1), %s" % self.scalar(s)) if not isinstance(s, Read) else self.read(s)
                       for s in a]
@@ -296,16 +314,7 @@ class Writer:
             code = helper % tuple(self.read(r) for r in a)
             if kind == "addmm" and lp:  # a product: in the autocast dtype
                 code = code[:-1] + lp + ")"
-        lines = ["%s = %s" % (outs, code)]
-        scale = op.attrs.get("out_scale")
-        if scale:  # scaled after the product, in place: the product's array is its own ...
-            code = " * ".join(self.scalar(s) for s in scale)
-            if any(isinstance(s, Value) and s.batched for s in scale) and not any(
-                    self._batched(r) for r in op.reads()):  # ... unless a number of each example widens it
-                lines.append("%s = %s * %s" % (out, out, code))
-            else:
-                lines.append("%s *= %s" % (out, code))
-        return lines
+        return code
 
     def _sum(self, op) -> list:
         """``v = a + b`` (the first statement's terms, an array of its own), then ``v += c``."""
