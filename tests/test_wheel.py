@@ -39,10 +39,12 @@ def _clean_env():
 
 def _pip_can_target_another_python() -> bool:
     # pip >= 22.3 installs into another interpreter with --python, which spares the new
-    # environment its own copy of pip (ensurepip is the slowest part of making one)
-    from pip import __version__
+    # environment its own copy of pip (ensurepip is the slowest part of making one). Its version
+    # read from its metadata, not by importing pip: setuptools' distutils shim hooks that import
+    # and warns when distutils is already loaded (torch.compile's inductor loads it)
+    from importlib.metadata import version
 
-    return tuple(int(x) for x in __version__.split(".")[:2]) >= (22, 3)
+    return tuple(int(x) for x in version("pip").split(".")[:2]) >= (22, 3)
 
 
 @pytest.fixture(scope="module")
