@@ -221,12 +221,13 @@ def _probe_gemm():
 
 
 def _has_onednn():
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """Whether oneDNN's product can run here, eagerly and traced (its op and fdsl's custom op)."""
+    return _GEMM_OP[0]
 
 
 def _gemm_library():
     """The kernel of the float32 matrix products on a CPU: ``FDSL_MATMUL`` = ``blas`` (torch's
-    own, through its BLAS), ``onednn`` (oneDNN's matmul; torch's where the op is missing) or
+    own, through its BLAS), ``onednn`` (oneDNN's matmul; torch's where it cannot run) or
     ``auto`` (the default: the faster of the two, measured once, ``_probe_gemm``)."""
     choice = os.environ.get("FDSL_MATMUL", "auto").strip().lower() or "auto"
     if choice not in _GEMM_LIBRARIES:
@@ -238,17 +239,25 @@ def _gemm_library():
     return _probe_gemm() if _has_onednn() else "blas"
 
 
-_GEMM = [_gemm_library()]  # the library of this process (a list, so that a test may set it)
-
-
 def _define_gemm_op():
     """oneDNN's product as the custom op ``fdsl::onednn_linear``, which a graph ``torch.compile``
     traces calls as one opaque kernel (inductor lowers the oneDNN op itself only for constant
     weights, as in inference). Defined once a process, by the first module imported where oneDNN
-    is (whichever library it chose: a test, a benchmark may switch ``_GEMM``)."""
+    is (whichever library it chose: a test, a benchmark may switch ``_GEMM``). False where it
+    cannot be (no oneDNN, or a torch without ``torch.library.custom_op``)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
     if hasattr(torch.ops.fdsl, "onednn_linear"):
-        return
+        return True
+    try:
+        _custom_gemm_op()
+    except (AttributeError, TypeError, RuntimeError, ValueError):  # (an older torch's library)
+        return False
+    return True
 
+
+def _custom_gemm_op():
+    """Defines ``fdsl::onednn_linear`` (``_define_gemm_op``)."""
     # (a list of one: the graph reads it with a getitem, which inductor's reordering for locality
     # leaves where it is; a product whose only reader is the graph's output, a weight's gradient,
     # is otherwise moved to the end of the graph, and what it reads is kept alive until then)
@@ -262,8 +271,8 @@ def _define_gemm_op():
         return [A.new_empty(A.shape[:-1] + W.shape[:1])]
 
 
-if _has_onednn():
-    _define_gemm_op()
+_GEMM_OP = [_define_gemm_op()]
+_GEMM = [_gemm_library()]  # the library of this process (a list, so that a test may set it)
 
 
 def _on_onednn(A, B):
