@@ -653,17 +653,18 @@ def large(args) -> int:
                 on_blas, _, o_blas, _ = large_pair(module, torch.float32, device, **_adamw(args))
                 steps["blas"] = on_library(module, "blas", step_fn(torch.compile(on_blas) if compiled else on_blas,
                                                                    o_blas))
+                del on_blas, o_blas
             t = ratio_rounds(steps, x, y, args.rounds, args.inner, device)
             del ours, ref, o_ours, o_ref, a, b, steps
             ratios = [p / q for p, q in zip(t["fdsl"], t["autograd"])]
-            on_blas = ("%.2f (%.2f - %.2f) | " % _spread([p / q for p, q in zip(t["blas"], t["autograd"])])
-                       if blas else "")
+            same_kernels = ("%.2f (%.2f - %.2f) | " % _spread([p / q for p, q in zip(t["blas"], t["autograd"])])
+                            if blas else "")
             flags = ["--fused"] if args.fused else ["--foreach"] if args.foreach else []
             (pf, rf), (pa, ra) = (measure_memory(args.size, path, batch, compiled, device, side, flags,
                                                  args.memory_runs) for side in ("fdsl", "autograd"))
             say("| %d | %s | %.1f | %.1f | **%.2f** (%.2f - %.2f) | %s%.0f / %.0f (%.0f / %.0f) |" % (
                 batch, "torch.compile" if compiled else "eager", np.median(t["fdsl"]) * 1e3,
-                np.median(t["autograd"]) * 1e3, *_spread(ratios), on_blas, pf, pa, rf, ra))
+                np.median(t["autograd"]) * 1e3, *_spread(ratios), same_kernels, pf, pa, rf, ra))
     print("%.0f s in all" % (time.time() - t0))
     if not args.no_write:
         write(lines, args.size)

@@ -152,7 +152,7 @@ def test_the_library_is_chosen_from_the_environment(module, monkeypatch):
     assert module["_gemm_library"]() == ("onednn" if ONEDNN else "blas")
     monkeypatch.setenv("FDSL_MATMUL", "auto")
     assert module["_gemm_library"]() in ("blas", "onednn")
-    monkeypatch.setitem(module, "_GEMM_OP", [False])  # (no oneDNN, or no custom op: an older torch)
+    monkeypatch.setitem(module, "_GEMM_OP", False)  # (no oneDNN, or no custom op: an older torch)
     for choice in ("onednn", "auto"):
         monkeypatch.setenv("FDSL_MATMUL", choice)
         assert module["_gemm_library"]() == "blas"

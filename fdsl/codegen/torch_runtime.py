@@ -215,14 +215,9 @@ def _probe_gemm():
                 t0 = time.perf_counter()
                 f()
                 times[name].append(time.perf_counter() - t0)
-    except (RuntimeError, AttributeError):  # a build without the op: torch's products
+    except RuntimeError:  # (the op there but failing on this machine: torch's products)
         return "blas"
     return "onednn" if min(times["onednn"]) < 0.9 * min(times["blas"]) else "blas"
-
-
-def _has_onednn():
-    """Whether oneDNN's product can run here, eagerly and traced (its op and fdsl's custom op)."""
-    return _GEMM_OP[0]
 
 
 def _gemm_library():
@@ -235,8 +230,8 @@ def _gemm_library():
     if choice == "blas":
         return "blas"
     if choice == "onednn":
-        return "onednn" if _has_onednn() else "blas"
-    return _probe_gemm() if _has_onednn() else "blas"
+        return "onednn" if _GEMM_OP else "blas"
+    return _probe_gemm() if _GEMM_OP else "blas"
 
 
 def _define_gemm_op():
@@ -271,7 +266,7 @@ def _custom_gemm_op():
         return [A.new_empty(A.shape[:-1] + W.shape[:1])]
 
 
-_GEMM_OP = [_define_gemm_op()]
+_GEMM_OP = _define_gemm_op()  # whether oneDNN's product can run here, eagerly and traced
 _GEMM = [_gemm_library()]  # the library of this process (a list, so that a test may set it)
 
 
@@ -658,9 +653,8 @@ def _addmm(C, A, B, lp=None):
         rows = A.shape[:-1]
         if C.dim() == 2 and C.shape[0] == 1 or C.shape == rows + B.shape[-1:]:
             flat = A.reshape(-1, A.shape[-1])
-            if _on_onednn(flat, B):
-                return _gemm(flat, B, C.reshape(-1, C.shape[-1]) if C.dim() == 3 else C).view(*rows, B.shape[-1])
-            out = torch.addmm(C.reshape(-1, C.shape[-1]) if C.shape[0] != 1 or C.dim() == 3 else C, flat, B)
+            C = C.reshape(-1, C.shape[-1]) if C.shape[0] != 1 or C.dim() == 3 else C
+            out = _gemm(flat, B, C) if _on_onednn(flat, B) else torch.addmm(C, flat, B)
             return out.view(*rows, B.shape[-1])
     return C + A @ B
 
